@@ -1,0 +1,238 @@
+"""What a handler receives besides its input: :class:`TaskContext` and :class:`SyncTaskContext`.
+
+Progress is latest-state, not an event stream (seed "Declaring a worker"): the context checks
+each update (``fraction`` in [0, 1), never going back; a JSON-object payload) and hands the
+accepted ones to a :class:`ProgressSink`, which throttles and publishes them. A refused update is
+dropped and counted, never raised into the handler.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+from collections.abc import Iterator, Mapping, MutableMapping
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any, Protocol
+
+from pydantic import BaseModel
+
+from async_task_api_worker.protocol.envelope import InputRef
+
+__all__ = [
+    "ProgressDropReason",
+    "ProgressSink",
+    "ProgressUpdate",
+    "SyncTaskContext",
+    "TaskContext",
+    "bind_task_fields",
+    "current_task_fields",
+]
+
+
+class ProgressDropReason(StrEnum):
+    """Why a progress update was not published (``worker_progress_dropped_total{reason}``)."""
+
+    OUT_OF_RANGE = "out_of_range"
+    """``fraction`` is not a finite number in [0, 1)."""
+    BACKWARDS = "backwards"
+    """``fraction`` is below one already accepted for this attempt."""
+    INVALID_PAYLOAD = "invalid_payload"
+    """``payload`` is not a JSON object (or a pydantic model), or not encodable."""
+    SUPERSEDED = "superseded"
+    """A newer update replaced it while it waited for the throttle."""
+    AFTER_END = "after_end"
+    """It came after the task's terminal report (a late call from a timed-out thread)."""
+    PUBLISH_FAILED = "publish_failed"
+    """The broker did not confirm it (progress is best-effort: the task goes on)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ProgressUpdate:
+    """One accepted progress update: ``fraction`` in [0, 1) and an optional JSON object."""
+
+    fraction: float
+    payload: Mapping[str, Any] | None = None
+
+
+class ProgressSink(Protocol):
+    """Receives a task's progress updates, on the event loop's thread."""
+
+    def offer(self, update: ProgressUpdate) -> None:
+        """Take an accepted update (the sink throttles; a newer one replaces a held one)."""
+        ...
+
+    def drop(self, reason: ProgressDropReason) -> None:
+        """Count an update refused by the context."""
+        ...
+
+
+_task_fields: ContextVar[Mapping[str, Any] | None] = ContextVar(
+    "async_task_api_worker_task_fields", default=None
+)
+
+
+def current_task_fields() -> Mapping[str, Any] | None:
+    """The fields of the task running in this context (``task_id``, ``service``, ``attempt``)."""
+    return _task_fields.get()
+
+
+@contextmanager
+def bind_task_fields(fields: Mapping[str, Any]) -> Iterator[None]:
+    """Bind task fields for the code run in this context, threads started from it included."""
+    token = _task_fields.set(fields)
+    try:
+        yield
+    finally:
+        _task_fields.reset(token)
+
+
+class _TaskLogger(logging.LoggerAdapter):  # type: ignore[type-arg]
+    """Adds the task fields to each record, keeping the caller's own ``extra``."""
+
+    def process(
+        self, msg: Any, kwargs: MutableMapping[str, Any]
+    ) -> tuple[Any, MutableMapping[str, Any]]:
+        kwargs["extra"] = {**(self.extra or {}), **(kwargs.get("extra") or {})}
+        return msg, kwargs
+
+
+class _ProgressGate:
+    """Checks updates and remembers the highest fraction accepted (one per task attempt)."""
+
+    __slots__ = ("_highest", "_sink")
+
+    def __init__(self, sink: ProgressSink) -> None:
+        self._sink = sink
+        self._highest = 0.0
+
+    def check(self, fraction: object, payload: object) -> ProgressUpdate | ProgressDropReason:
+        if (
+            isinstance(fraction, bool)
+            or not isinstance(fraction, int | float)
+            or not math.isfinite(fraction)
+            or not 0.0 <= fraction < 1.0
+        ):
+            return ProgressDropReason.OUT_OF_RANGE
+        if fraction < self._highest:
+            return ProgressDropReason.BACKWARDS
+        if isinstance(payload, BaseModel):
+            payload = payload.model_dump(mode="json")
+        if payload is not None and not (
+            isinstance(payload, dict) and all(isinstance(key, str) for key in payload)
+        ):
+            return ProgressDropReason.INVALID_PAYLOAD
+        self._highest = float(fraction)
+        return ProgressUpdate(float(fraction), payload)
+
+    def deliver(self, result: ProgressUpdate | ProgressDropReason) -> None:
+        if isinstance(result, ProgressUpdate):
+            self._sink.offer(result)
+        else:
+            self._sink.drop(result)
+
+
+class _ContextBase:
+    __slots__ = (
+        "_gate",
+        "attempt",
+        "client_id",
+        "delivery_limit",
+        "input_refs",
+        "logger",
+        "service",
+        "task_id",
+    )
+
+    def __init__(
+        self,
+        *,
+        task_id: str,
+        client_id: str,
+        service: str,
+        attempt: int,
+        delivery_limit: int,
+        input_refs: tuple[InputRef, ...],
+        sink: ProgressSink,
+    ) -> None:
+        self.task_id = task_id
+        self.client_id = client_id
+        self.service = service
+        self.attempt = attempt
+        self.delivery_limit = delivery_limit
+        self.input_refs = input_refs
+        self.logger: logging.LoggerAdapter[logging.Logger] = _TaskLogger(
+            logging.getLogger(f"async_task_api_worker.task.{service}"),
+            {"task_id": task_id, "service": service, "attempt": attempt},
+        )
+        self._gate = _ProgressGate(sink)
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(task_id={self.task_id!r}, service={self.service!r}, "
+            f"attempt={self.attempt}/{self.delivery_limit})"
+        )
+
+
+class TaskContext(_ContextBase):
+    """The context of an ``async def`` handler.
+
+    Attributes:
+        task_id: the envelope's task id.
+        client_id: the envelope's client id.
+        service: the worker's service name.
+        attempt: this delivery's attempt, from 1 (every hand-out by the broker counts).
+        delivery_limit: the attempts the task gets (``WORKER_DELIVERY_LIMIT``).
+        input_refs: the envelope's input references, in order.
+        logger: a logger whose records carry ``task_id``, ``service`` and ``attempt``.
+    """
+
+    async def progress(
+        self, fraction: float, payload: Mapping[str, Any] | BaseModel | None = None
+    ) -> None:
+        """Report the task's latest progress.
+
+        At most one ``progress`` report is published per ``WORKER_PROGRESS_MIN_INTERVAL_S``
+        (default 1 s); a newer update replaces one still waiting; one still waiting when the
+        handler returns is published just before the terminal report.
+
+        Args:
+            fraction: how much is done, in [0, 1) (the terminal report is the 100%); never
+                below an earlier accepted value.
+            payload: an optional JSON object (or pydantic model) with the task's own state.
+
+        An update that breaks these rules is dropped and counted
+        (``worker_progress_dropped_total{reason}``), never raised.
+        """
+        self._gate.deliver(self._gate.check(fraction, payload))
+
+
+class SyncTaskContext(_ContextBase):
+    """The context of a ``def`` handler, which runs in a worker thread.
+
+    Same attributes as :class:`TaskContext`; :meth:`progress` is a plain call that hands the
+    update to the event loop without waiting.
+    """
+
+    __slots__ = ("_loop",)
+
+    def __init__(self, *, loop: asyncio.AbstractEventLoop | None, **fields: Any) -> None:
+        super().__init__(**fields)
+        # None: the sink is called in the caller's thread (a handler called directly in a test).
+        self._loop = loop
+
+    def progress(
+        self, fraction: float, payload: Mapping[str, Any] | BaseModel | None = None
+    ) -> None:
+        """Report the task's latest progress; same rules as :meth:`TaskContext.progress`."""
+        result = self._gate.check(fraction, payload)
+        if self._loop is None:
+            self._gate.deliver(result)
+            return
+        # A closed loop means the worker is gone, and so is anyone to report to.
+        with contextlib.suppress(RuntimeError):
+            self._loop.call_soon_threadsafe(self._gate.deliver, result)

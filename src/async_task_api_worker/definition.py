@@ -1,0 +1,294 @@
+"""Declaring a worker: ``Worker(name)``, ``@worker.task(timeout=...)`` and the hooks.
+
+Every mistake is caught when the decorator runs (at import of the user's module), each with its
+own :class:`~async_task_api_worker.errors.DefinitionError` subclass and a one-line message.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import re
+import typing
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any, Final, ParamSpec, TypeVar, overload
+
+from pydantic import BaseModel
+
+from async_task_api_worker.context import SyncTaskContext, TaskContext
+from async_task_api_worker.errors import (
+    ContextParameterError,
+    DuplicateTaskError,
+    HandlerKindError,
+    HandlerSignatureError,
+    HookNotAsyncError,
+    InputModelError,
+    InvalidProbeNameError,
+    InvalidTimeoutError,
+    InvalidWorkerNameError,
+    NoTaskError,
+    OutputModelError,
+)
+from async_task_api_worker.protocol.envelope import SERVICE_PATTERN
+
+__all__ = ["HandlerKind", "ReadinessProbe", "TaskDefinition", "Worker"]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+F = TypeVar("F", bound=Callable[..., Any])
+
+Hook = Callable[[], Awaitable[None]]
+ReadinessProbe = Callable[[], Awaitable[bool]]
+
+#: Component names the probes server reports itself; a user probe may not take them.
+RESERVED_PROBE_NAMES: Final = frozenset({"broker", "draining"})
+_PROBE_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
+_SERVICE_RE = re.compile(SERVICE_PATTERN)
+
+
+class HandlerKind(StrEnum):
+    """How a handler is run: on the event loop, or in the worker's thread pool."""
+
+    ASYNC = "async"
+    SYNC = "sync"
+
+
+@dataclass(frozen=True, slots=True)
+class TaskDefinition:
+    """The task a worker runs, as read from its handler.
+
+    Attributes:
+        handler: the decorated function, unchanged.
+        kind: ``async`` (an ``async def`` with a ``TaskContext``) or ``sync`` (a ``def`` with a
+            ``SyncTaskContext``).
+        input_model: the pydantic model of the task input (the first parameter's annotation).
+        output_model: the pydantic model of the response (the return annotation).
+        timeout_s: the declared timeout, in seconds (``WORKER_TASK_TIMEOUT_S`` overrides it).
+    """
+
+    handler: Callable[..., Any]
+    kind: HandlerKind
+    input_model: type[BaseModel]
+    output_model: type[BaseModel]
+    timeout_s: float
+
+
+def _qualified(function: Callable[..., Any]) -> str:
+    return getattr(function, "__qualname__", repr(function))
+
+
+def _model_of(annotation: object) -> type[BaseModel] | None:
+    """The model class an annotation names (``Annotated`` metadata allowed), or ``None``."""
+    if typing.get_origin(annotation) is typing.Annotated:
+        annotation = typing.get_args(annotation)[0]
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    return None
+
+
+def _read_task(function: Callable[..., Any], timeout_s: float) -> TaskDefinition:
+    name = _qualified(function)
+    if not inspect.isfunction(function):
+        raise HandlerKindError(f"task handler {name} must be a def or async def function")
+    if inspect.isgeneratorfunction(function) or inspect.isasyncgenfunction(function):
+        raise HandlerKindError(f"task handler {name} must return its output, not yield")
+    kind = HandlerKind.ASYNC if inspect.iscoroutinefunction(function) else HandlerKind.SYNC
+    parameters = list(inspect.signature(function).parameters.values())
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    if len(parameters) != 2 or any(p.kind not in positional for p in parameters):
+        raise HandlerSignatureError(
+            f"task handler {name} must take exactly two positional parameters: (task_input, ctx)"
+        )
+    try:
+        hints = typing.get_type_hints(function, include_extras=True)
+    except Exception as exc:  # NameError, TypeError...: whatever an annotation raises
+        raise HandlerSignatureError(
+            f"task handler {name} has annotations that cannot be resolved ({type(exc).__name__})"
+        ) from exc
+    input_param, context_param = parameters
+    expected_context = TaskContext if kind is HandlerKind.ASYNC else SyncTaskContext
+    context_annotation = hints.get(context_param.name)
+    # An identity check on purpose: a subclass or an Annotated wrapper would hide what the SDK
+    # really passes (seed, "Declaring a worker").
+    if context_annotation is not expected_context:
+        raise ContextParameterError(
+            f"task handler {name}: parameter {context_param.name!r} must be annotated exactly "
+            f"{expected_context.__name__} (a {'async def' if kind is HandlerKind.ASYNC else 'def'} "
+            f"handler)"
+        )
+    input_model = _model_of(hints.get(input_param.name))
+    if input_model is None:
+        raise InputModelError(
+            f"task handler {name}: parameter {input_param.name!r} must be annotated with a "
+            f"pydantic BaseModel subclass"
+        )
+    output_model = _model_of(hints.get("return"))
+    if output_model is None:
+        raise OutputModelError(
+            f"task handler {name} must declare its return type as a pydantic BaseModel subclass"
+        )
+    return TaskDefinition(
+        handler=function,
+        kind=kind,
+        input_model=input_model,
+        output_model=output_model,
+        timeout_s=timeout_s,
+    )
+
+
+def _check_async(kind: str, function: Callable[..., Any]) -> None:
+    if not inspect.iscoroutinefunction(function):
+        raise HookNotAsyncError(f"{kind} hook {_qualified(function)} must be an async def function")
+
+
+class Worker:
+    """A worker service: one task, its hooks and probes.
+
+    Example::
+
+        worker = Worker("count-words")
+
+        @worker.task(timeout=30.0)
+        async def handle(task_input: Input, ctx: TaskContext) -> Output: ...
+
+    Args:
+        name: the service name, as the envelope's ``service`` field and the default queue
+            names carry it; ``^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$``.
+
+    Raises:
+        InvalidWorkerNameError: ``name`` breaks that rule.
+    """
+
+    def __init__(self, name: str) -> None:
+        if not isinstance(name, str) or not _SERVICE_RE.fullmatch(name):
+            raise InvalidWorkerNameError(f"worker name {name!r} must match {SERVICE_PATTERN}")
+        self.name: Final = name
+        self._task: TaskDefinition | None = None
+        self._startup_hooks: list[Hook] = []
+        self._shutdown_hooks: list[Hook] = []
+        self._probes: dict[str, ReadinessProbe] = {}
+
+    def __repr__(self) -> str:
+        return f"Worker({self.name!r})"
+
+    def task(self, *, timeout: float) -> Callable[[Callable[P, R]], Callable[P, R]]:
+        """Declare the worker's task; the decorated function is returned unchanged.
+
+        Args:
+            timeout: how long the handler may run, in seconds (positive, finite). At the
+                deadline an ``async def`` handler is cancelled and a ``def`` handler's thread
+                abandoned; the task fails with ``TASK_TIMEOUT``.
+
+        Raises:
+            InvalidTimeoutError: ``timeout`` is not a positive, finite number.
+            DuplicateTaskError: the worker already has a task.
+            HandlerSignatureError: the handler's shape is wrong; the subclass says how
+                (``HandlerKindError``, ``ContextParameterError``, ``InputModelError``,
+                ``OutputModelError``).
+        """
+        if (
+            isinstance(timeout, bool)
+            or not isinstance(timeout, int | float)
+            or not math.isfinite(timeout)
+            or timeout <= 0
+        ):
+            raise InvalidTimeoutError(
+                f"task timeout must be a positive, finite number of seconds, got {timeout!r}"
+            )
+
+        def register(function: Callable[P, R]) -> Callable[P, R]:
+            if self._task is not None:
+                raise DuplicateTaskError(
+                    f"worker {self.name!r} already has its task "
+                    f"{_qualified(self._task.handler)}; a worker runs exactly one task"
+                )
+            self._task = _read_task(function, float(timeout))
+            return function
+
+        return register
+
+    def on_startup(self, hook: F) -> F:
+        """Run ``hook()`` before consuming starts (an ``async def`` taking no argument).
+
+        Raises:
+            HookNotAsyncError: ``hook`` is not an ``async def`` function.
+        """
+        _check_async("on_startup", hook)
+        self._startup_hooks.append(hook)
+        return hook
+
+    def on_shutdown(self, hook: F) -> F:
+        """Run ``hook()`` during shutdown, after the drain (an ``async def``, no argument).
+
+        Raises:
+            HookNotAsyncError: ``hook`` is not an ``async def`` function.
+        """
+        _check_async("on_shutdown", hook)
+        self._shutdown_hooks.append(hook)
+        return hook
+
+    @overload
+    def readiness_probe(self, probe: F, /) -> F: ...
+
+    @overload
+    def readiness_probe(self, *, name: str) -> Callable[[F], F]: ...
+
+    def readiness_probe(  # type: ignore[misc]  # the overloads are the public shapes
+        self, probe: F | None = None, /, *, name: str | None = None
+    ) -> Any:
+        """Add a readiness check: ``async def probe() -> bool``, ``False`` or raising = not ready.
+
+        Use bare (``@worker.readiness_probe``, named after the function) or with a component
+        name (``@worker.readiness_probe(name="database")``); ``/ready`` names the failing ones.
+
+        Raises:
+            HookNotAsyncError: the probe is not an ``async def`` function.
+            InvalidProbeNameError: the name is reserved (``broker``, ``draining``), already
+                used, or not ``^[a-z][a-z0-9_-]{0,62}$``.
+        """
+
+        def register(function: F) -> F:
+            _check_async("readiness_probe", function)
+            component = name if name is not None else function.__name__
+            if not isinstance(component, str) or not _PROBE_NAME.fullmatch(component):
+                raise InvalidProbeNameError(
+                    f"readiness probe name {component!r} must match {_PROBE_NAME.pattern}"
+                )
+            if component in RESERVED_PROBE_NAMES:
+                raise InvalidProbeNameError(f"readiness probe name {component!r} is reserved")
+            if component in self._probes:
+                raise InvalidProbeNameError(f"readiness probe name {component!r} is already used")
+            self._probes[component] = function
+            return function
+
+        return register if probe is None else register(probe)
+
+    @property
+    def task_definition(self) -> TaskDefinition:
+        """The declared task.
+
+        Raises:
+            NoTaskError: no ``@worker.task`` was declared.
+        """
+        if self._task is None:
+            raise NoTaskError(
+                f"worker {self.name!r} has no task: decorate a handler with @worker.task"
+            )
+        return self._task
+
+    @property
+    def startup_hooks(self) -> tuple[Hook, ...]:
+        """The ``on_startup`` hooks, in declaration order."""
+        return tuple(self._startup_hooks)
+
+    @property
+    def shutdown_hooks(self) -> tuple[Hook, ...]:
+        """The ``on_shutdown`` hooks, in declaration order."""
+        return tuple(self._shutdown_hooks)
+
+    @property
+    def readiness_probes(self) -> dict[str, ReadinessProbe]:
+        """The readiness probes by component name."""
+        return dict(self._probes)

@@ -1,0 +1,439 @@
+"""One delivery in, one settlement out.
+
+The engine decodes the envelope, checks the attempt against the delivery limit, publishes
+``started``, runs the handler through an executor under its timeout, publishes the terminal
+report, and settles the delivery: every delivery exactly once, through :meth:`Engine._settle`,
+with one decision line. A task is acked only after its terminal report is confirmed (publisher
+confirms); a report that is not confirmed leaves the delivery requeued.
+
+It learns of a shutdown through a :class:`StopSignal` argument, never from signals, and imports
+no transport: the runtime (or the test harness) hands it one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from async_task_api_worker.context import ProgressDropReason, SyncTaskContext, TaskContext
+from async_task_api_worker.definition import HandlerKind, Worker
+from async_task_api_worker.engine.decision import log_decision
+from async_task_api_worker.engine.execution import Raised, Returned, Stopped, StopSignal, execute
+from async_task_api_worker.engine.progress import ProgressThrottle
+from async_task_api_worker.engine.reporting import DeliveryReporter
+from async_task_api_worker.errors import (
+    EnvelopeDecodeError,
+    FatalError,
+    ReportEncodeError,
+    RetryableError,
+    SettleError,
+    TaskTimeoutError,
+)
+from async_task_api_worker.observability.redaction import exception_type_name, safe_traceback
+from async_task_api_worker.ports import (
+    AckFailed,
+    Action,
+    Delivery,
+    DeliverySettled,
+    EngineEvent,
+    ExecutionRequest,
+    Executor,
+    Observer,
+    Outcome,
+    ProgressDropped,
+    Settlement,
+    TaskStarted,
+    Transport,
+)
+from async_task_api_worker.protocol.codes import ErrorCode, PoisonReason
+from async_task_api_worker.protocol.envelope import (
+    Envelope,
+    decode_envelope,
+    describe_validation_error,
+)
+from async_task_api_worker.settings import WorkerSettings
+
+__all__ = ["UNKNOWN_COUNT_LIMIT", "Engine", "StopSignal", "retry_backoff_s"]
+
+_logger = logging.getLogger("async_task_api_worker.engine")
+
+#: Attempts a task gets when the broker gives no delivery count: the first, and one retry.
+UNKNOWN_COUNT_LIMIT = 2
+
+
+@dataclass(frozen=True, slots=True)
+class _Verdict:
+    outcome: Outcome
+    action: Action
+    code: str | None = None
+    counted: bool = False
+    poison_reason: str | None = None
+    handler_ran: bool = False
+
+
+_PUBLISH_FAILED = _Verdict(Outcome.PUBLISH_FAILED, Action.NACK_REQUEUE, counted=True)
+
+
+def retry_backoff_s(
+    attempt: int, error: RetryableError, settings: WorkerSettings, jitter: float
+) -> float:
+    """The wait before requeueing a ``RetryableError``, in seconds.
+
+    ``error.retry_delay_s`` if given, else ``WORKER_RETRY_BACKOFF_S * 2**(attempt - 1) *
+    jitter``; always capped by ``WORKER_RETRY_BACKOFF_MAX_S`` (which the time-budget rule counts).
+    """
+    if error.retry_delay_s is not None:
+        delay_s = error.retry_delay_s
+    else:
+        delay_s = settings.worker_retry_backoff_s * 2 ** (attempt - 1) * jitter
+    return min(delay_s, settings.worker_retry_backoff_max_s)
+
+
+class Engine:
+    """Settles deliveries for one worker.
+
+    Args:
+        worker: the worker definition (its one task is used).
+        settings: the worker's settings.
+        transport: where reports are published and deliveries settled.
+        executor: runs the handler (inline for ``async def``, a thread pool for ``def``).
+        observers: told of every event (metrics); a failing observer is logged, never fatal.
+        monotonic: monotonic clock, in seconds (durations, the progress throttle).
+        wall_clock: the current UTC time (report timestamps).
+        jitter: returns a factor in [0.5, 1] applied to each exponential retry backoff.
+
+    Raises:
+        NoTaskError: the worker has no task.
+    """
+
+    def __init__(
+        self,
+        worker: Worker,
+        settings: WorkerSettings,
+        transport: Transport,
+        executor: Executor,
+        *,
+        observers: Iterable[Observer] = (),
+        monotonic: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        jitter: Callable[[], float] = lambda: random.uniform(0.5, 1.0),  # noqa: S311 - not crypto
+    ) -> None:
+        self._task = worker.task_definition
+        self._service = worker.name
+        self._settings = settings
+        self._transport = transport
+        self._executor = executor
+        self._observers = tuple(observers)
+        self._monotonic = monotonic
+        self._wall_clock = wall_clock
+        self._jitter = jitter
+        self._timeout_s = settings.task_timeout_s(self._task.timeout_s)
+        self._never = StopSignal()
+
+    @property
+    def task_timeout_s(self) -> float:
+        """The effective task timeout, in seconds."""
+        return self._timeout_s
+
+    async def handle(self, delivery: Delivery, stop: StopSignal | None = None) -> Settlement:
+        """Process and settle one delivery; never raises except ``asyncio.CancelledError``.
+
+        Args:
+            delivery: the delivery, as the transport handed it out.
+            stop: the shutdown signal; ``None`` for one that never fires.
+
+        Returns:
+            The settlement, also logged as the delivery's decision line.
+
+        Raises:
+            asyncio.CancelledError: the calling task was cancelled; the delivery was given back
+                first (requeued without counting an attempt).
+        """
+        arrived_at = self._monotonic()
+        run = self._reporter_for(delivery)
+        try:
+            verdict = await self._process(run, stop or self._never)
+        except asyncio.CancelledError:
+            await self._settle(run, _Verdict(Outcome.CANCELLED, Action.NACK_REQUEUE), arrived_at)
+            raise
+        except Exception as exc:
+            _logger.error(
+                "Engine error while processing a delivery (%s); requeued\n%s",
+                exception_type_name(exc),
+                safe_traceback(exc),
+                extra={"task_id": run.task_id},
+            )
+            verdict = _Verdict(Outcome.ENGINE_ERROR, Action.NACK_REQUEUE, counted=True)
+        return await self._settle(run, verdict, arrived_at)
+
+    def _reporter_for(self, delivery: Delivery) -> DeliveryReporter:
+        limit = self._settings.worker_delivery_limit
+        count_known = delivery.delivery_count is not None
+        if delivery.delivery_count is None:
+            # No broker count (a classic queue): only "first delivery or not" is known, so a
+            # retry is allowed once, and a crash loop cannot be detected.
+            attempt = 2 if delivery.redelivered else 1
+            limit = min(limit, UNKNOWN_COUNT_LIMIT)
+        else:
+            attempt = delivery.delivery_count + 1
+        return DeliveryReporter(
+            delivery=delivery,
+            attempt=attempt,
+            limit=limit,
+            count_known=count_known,
+            service=self._service,
+            transport=self._transport,
+            wall_clock=self._wall_clock,
+            notify=self._notify,
+        )
+
+    async def _process(self, run: DeliveryReporter, stop: StopSignal) -> _Verdict:
+        try:
+            envelope = decode_envelope(
+                run.delivery.body, max_body_bytes=self._settings.worker_max_message_bytes
+            )
+            if envelope.service != self._service:
+                raise EnvelopeDecodeError(
+                    PoisonReason.WRONG_SERVICE,
+                    f"envelope is for service {envelope.service!r}, "
+                    f"this worker is {self._service!r}",
+                    task_id=envelope.task_id,
+                    client_id=envelope.client_id,
+                )
+        except EnvelopeDecodeError as exc:
+            return await self._poison(run, exc)
+        run.task_id, run.client_id = envelope.task_id, envelope.client_id
+
+        if run.attempt > run.limit:
+            return await self._fail(
+                run,
+                ErrorCode.TASK_ABANDONED_AFTER_REDELIVERIES,
+                f"the task was delivered {run.attempt} times, more than its limit of "
+                f"{run.limit}; it was not run again",
+            )
+        try:
+            task_input = self._task.input_model.model_validate(envelope.input)
+        except ValidationError as exc:
+            return await self._fail(
+                run, ErrorCode.INVALID_INPUT, f"invalid input: {describe_validation_error(exc)}"
+            )
+        if not await run.publish_started():
+            return _PUBLISH_FAILED
+        self._notify(TaskStarted(envelope.task_id))
+        return replace(await self._run_task(run, envelope, task_input, stop), handler_ran=True)
+
+    async def _run_task(
+        self, run: DeliveryReporter, envelope: Envelope, task_input: BaseModel, stop: StopSignal
+    ) -> _Verdict:
+        throttle = ProgressThrottle(
+            interval_s=self._settings.worker_progress_min_interval_s,
+            publish=run.publish_progress,
+            on_drop=self._progress_dropped,
+            clock=self._monotonic,
+        )
+        request = ExecutionRequest(
+            handler=self._task.handler,
+            task_input=task_input,
+            raw_input=envelope.input,
+            context=self._context(run, envelope, throttle),
+            timeout_s=self._timeout_s,
+            task_id=envelope.task_id,
+        )
+        result = await execute(
+            self._executor,
+            request,
+            task_fields={"task_id": run.task_id, "service": self._service, "attempt": run.attempt},
+            stop=stop,
+            delivery_cancel=run.delivery.cancel_token,
+        )
+        # A held progress update goes out before the terminal report; none after it.
+        await throttle.close(flush=not isinstance(result, Stopped))
+        if isinstance(result, Stopped):
+            if result.outcome is Outcome.CANCELLED:
+                return _Verdict(Outcome.CANCELLED, Action.CONCLUDE)
+            return _Verdict(Outcome.SHUTDOWN_REQUEUED, Action.NACK_REQUEUE)
+        return await self._conclude(run, result, stop)
+
+    async def _conclude(
+        self, run: DeliveryReporter, result: Returned | Raised, stop: StopSignal
+    ) -> _Verdict:
+        if isinstance(result, Returned):
+            return await self._succeed(run, result.value)
+        error = result.error
+        if isinstance(error, RetryableError):
+            return await self._retry_or_fail(run, error, stop)
+        if isinstance(error, FatalError):
+            return await self._fail(run, error.task_code, error.message)
+        if isinstance(error, TaskTimeoutError):
+            _logger.warning(
+                "Task handler ran past its timeout of %g s",
+                self._timeout_s,
+                extra={"task_id": run.task_id, "attempt": run.attempt},
+            )
+            return await self._fail(
+                run, ErrorCode.TASK_TIMEOUT, f"the task did not finish within {self._timeout_s:g} s"
+            )
+        _logger.error(
+            "Task handler raised %s; reported as INTERNAL_ERROR without its message\n%s",
+            exception_type_name(error),
+            safe_traceback(error),
+            extra={"task_id": run.task_id, "attempt": run.attempt},
+        )
+        return await self._fail(
+            run, ErrorCode.INTERNAL_ERROR, "the task failed with an internal error"
+        )
+
+    async def _succeed(self, run: DeliveryReporter, value: Any) -> _Verdict:
+        output_model = self._task.output_model
+        try:
+            model = value if isinstance(value, output_model) else output_model.model_validate(value)
+            response = model.model_dump(mode="json")
+        except ValidationError as exc:
+            return await self._fail(
+                run,
+                ErrorCode.INVALID_RESULT,
+                f"the handler's result failed its output model: {describe_validation_error(exc)}",
+            )
+        except Exception as exc:  # a serializer of the user's model failed
+            return await self._fail(
+                run,
+                ErrorCode.INVALID_RESULT,
+                f"the handler's result could not be serialized ({exception_type_name(exc)})",
+            )
+        try:
+            published = await run.publish_success(response)
+        except ReportEncodeError as exc:
+            code = ErrorCode.RESULT_TOO_LARGE if exc.too_large else ErrorCode.INVALID_RESULT
+            return await self._fail(run, code, f"the handler's result cannot be reported: {exc}")
+        if not published:
+            return _PUBLISH_FAILED
+        return _Verdict(Outcome.SUCCESS, Action.ACK)
+
+    async def _retry_or_fail(
+        self, run: DeliveryReporter, error: RetryableError, stop: StopSignal
+    ) -> _Verdict:
+        if run.attempt >= run.limit:
+            return await self._fail(run, error.task_code, error.message)
+        if not run.count_known:
+            _logger.warning(
+                "The broker gives no delivery count (a classic queue?): this task gets one retry, "
+                "then concludes; use a quorum queue for retries up to WORKER_DELIVERY_LIMIT",
+                extra={"task_id": run.task_id, "attempt": run.attempt},
+            )
+        await self._backoff(run.attempt, error, stop)
+        return _Verdict(Outcome.RETRY, Action.NACK_REQUEUE, code=error.task_code, counted=True)
+
+    async def _backoff(self, attempt: int, error: RetryableError, stop: StopSignal) -> None:
+        delay_s = retry_backoff_s(attempt, error, self._settings, self._jitter())
+        if delay_s <= 0 or stop.draining.cancelled:
+            return
+        woken = asyncio.get_running_loop().create_future()
+
+        def wake() -> None:
+            if not woken.done():
+                woken.set_result(None)
+
+        remove = stop.draining.add_callback(wake)
+        try:
+            await asyncio.wait_for(woken, timeout=delay_s)
+        except TimeoutError:
+            pass
+        finally:
+            remove()
+
+    async def _poison(self, run: DeliveryReporter, exc: EnvelopeDecodeError) -> _Verdict:
+        run.task_id, run.client_id = exc.task_id, exc.client_id
+        _logger.warning(
+            "Poison message: %s",
+            exc,
+            extra={"task_id": exc.task_id, "poison_reason": exc.reason, "attempt": run.attempt},
+        )
+        if exc.task_id is None:
+            return _Verdict(Outcome.POISON, Action.REJECT, poison_reason=exc.reason)
+        verdict = await self._fail(run, ErrorCode.POISON_MESSAGE, f"the message was refused: {exc}")
+        return replace(
+            verdict,
+            outcome=Outcome.POISON if verdict.outcome is Outcome.FAILURE else verdict.outcome,
+            poison_reason=exc.reason,
+        )
+
+    async def _fail(self, run: DeliveryReporter, code: str, message: str) -> _Verdict:
+        if not await run.publish_failure(code, message):
+            return replace(_PUBLISH_FAILED, code=code)
+        return _Verdict(Outcome.FAILURE, Action.CONCLUDE, code=code)
+
+    def _progress_dropped(self, reason: ProgressDropReason) -> None:
+        self._notify(ProgressDropped(reason.value))
+
+    def _context(
+        self, run: DeliveryReporter, envelope: Envelope, throttle: ProgressThrottle
+    ) -> TaskContext | SyncTaskContext:
+        fields: dict[str, Any] = {
+            "task_id": envelope.task_id,
+            "client_id": envelope.client_id,
+            "service": self._service,
+            "attempt": run.attempt,
+            "delivery_limit": run.limit,
+            "input_refs": envelope.input_refs,
+            "sink": throttle,
+        }
+        if self._task.kind is HandlerKind.ASYNC:
+            return TaskContext(**fields)
+        return SyncTaskContext(loop=asyncio.get_running_loop(), **fields)
+
+    async def _settle(
+        self, run: DeliveryReporter, verdict: _Verdict, arrived_at: float
+    ) -> Settlement:
+        """Settle the delivery with the broker and log the decision: once per delivery."""
+        settlement = Settlement(
+            outcome=verdict.outcome,
+            action=verdict.action,
+            code=verdict.code,
+            task_id=run.task_id,
+            attempt=run.attempt,
+            delivery_limit=run.limit,
+            requeue_counted=verdict.counted,
+            poison_reason=verdict.poison_reason,
+        )
+        try:
+            if verdict.action is Action.NACK_REQUEUE:
+                await self._transport.requeue(run.delivery, count_attempt=verdict.counted)
+            elif verdict.action is Action.REJECT:
+                await self._transport.reject(run.delivery)
+            else:
+                await self._transport.ack(run.delivery)
+        except SettleError as exc:
+            settlement = replace(settlement, settled=False)
+            _logger.warning(
+                "The %s of the delivery did not reach the broker (%s); the broker will deliver it "
+                "again, and its task may be reported twice",
+                verdict.action.value,
+                exception_type_name(exc.__cause__ or exc),
+                extra={"task_id": run.task_id, "attempt": run.attempt},
+            )
+            self._notify(AckFailed())
+        log_decision(settlement, service=self._service)
+        self._notify(
+            DeliverySettled(settlement, self._monotonic() - arrived_at, verdict.handler_ran)
+        )
+        return settlement
+
+    def _notify(self, event: EngineEvent) -> None:
+        for observer in self._observers:
+            try:
+                observer.notify(event)
+            except Exception as exc:
+                _logger.error(
+                    "Observer %r failed on %s (%s); ignored",
+                    observer,
+                    type(event).__name__,
+                    exception_type_name(exc),
+                )

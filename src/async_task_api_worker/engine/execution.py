@@ -1,0 +1,96 @@
+"""Running one handler call as its own task, stoppable by a shutdown or a delivery cancel."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from async_task_api_worker.context import bind_task_fields
+from async_task_api_worker.ports import CancelToken, ExecutionRequest, Executor, Outcome
+
+__all__ = ["Raised", "Returned", "StopSignal", "Stopped", "execute"]
+
+
+class StopSignal:
+    """How the runtime tells the engine that the process is shutting down.
+
+    Attributes:
+        draining: cancelled when the drain starts: a retry backoff stops waiting and the
+            delivery is requeued at once.
+        aborted: cancelled when the grace period is over: running handlers are stopped and
+            their deliveries given back (requeued without counting an attempt, no report).
+    """
+
+    def __init__(self) -> None:
+        self.draining = CancelToken()
+        self.aborted = CancelToken()
+
+
+@dataclass(frozen=True, slots=True)
+class Returned:
+    """The handler returned ``value``."""
+
+    value: Any
+
+
+@dataclass(frozen=True, slots=True)
+class Raised:
+    """The handler (or the executor, for a timeout) raised ``error``."""
+
+    error: Exception
+
+
+@dataclass(frozen=True, slots=True)
+class Stopped:
+    """The handler was stopped from outside: ``shutdown_requeued`` or ``cancelled``."""
+
+    outcome: Outcome
+
+
+async def execute(
+    executor: Executor,
+    request: ExecutionRequest,
+    *,
+    task_fields: Mapping[str, Any],
+    stop: StopSignal,
+    delivery_cancel: CancelToken,
+) -> Returned | Raised | Stopped:
+    """Run ``request`` through ``executor`` and say how it ended.
+
+    The call runs as its own task, so that a shutdown abort or a delivery cancel stops the
+    handler alone; a cancel of the caller's own task still propagates.
+
+    Raises:
+        asyncio.CancelledError: the calling task itself was cancelled.
+    """
+    with bind_task_fields(task_fields):
+        # The task copies the context here, so the handler's log records carry the fields.
+        execution = asyncio.ensure_future(executor.execute(request))
+    stopped_by: list[Outcome] = []
+
+    def stopper(outcome: Outcome) -> Callable[[], None]:
+        def stop_execution() -> None:
+            if not execution.done():
+                stopped_by.append(outcome)
+                execution.cancel()
+
+        return stop_execution
+
+    remove_abort = stop.aborted.add_callback(stopper(Outcome.SHUTDOWN_REQUEUED))
+    remove_cancel = delivery_cancel.add_callback(stopper(Outcome.CANCELLED))
+    try:
+        return Returned(await execution)
+    except asyncio.CancelledError:
+        current = asyncio.current_task()
+        if stopped_by and not (current is not None and current.cancelling()):
+            return Stopped(stopped_by[0])
+        raise
+    except Exception as exc:
+        return Raised(exc)
+    finally:
+        remove_abort()
+        remove_cancel()
+        if not execution.done():
+            execution.cancel()

@@ -1,0 +1,303 @@
+"""The SDK's exceptions, all rooted at :class:`AsyncTaskWorkerError`.
+
+The tree::
+
+    AsyncTaskWorkerError
+    ├── TaskError                  raised by handlers on purpose; carries a protocol code
+    │   ├── FatalError             conclude the task now with this code
+    │   └── RetryableError         requeue and try again, up to the delivery limit
+    ├── TaskTimeoutError           the handler ran past its timeout (code TASK_TIMEOUT)
+    ├── ProtocolError              bytes that do not follow docs/protocol.md
+    │   ├── EnvelopeDecodeError    an inbound body that is not a valid envelope (a poison message)
+    │   └── ReportEncodeError      a report that cannot be encoded (too large, not JSON)
+    ├── TransportError             a broker operation failed (mapped from the client library)
+    │   ├── PublishError           a report was not confirmed by the broker
+    │   └── SettleError            an ack, requeue or reject did not reach the broker
+    └── ConfigError (ValueError)   misuse and configuration, kept apart from runtime failures
+        ├── SettingsError          an invalid setting (the CLI exits 2)
+        │   └── TimeBudgetError    the task timeout does not fit under the consumer timeout
+        ├── InvalidErrorCodeError  a FatalError / RetryableError code outside the code rule
+        └── DefinitionError (TypeError)   a mistake in a Worker definition
+            ├── InvalidWorkerNameError
+            ├── DuplicateTaskError
+            ├── NoTaskError
+            ├── InvalidTimeoutError
+            ├── HandlerSignatureError
+            │   ├── HandlerKindError
+            │   ├── ContextParameterError
+            │   ├── InputModelError
+            │   └── OutputModelError
+            ├── HookNotAsyncError
+            └── InvalidProbeNameError
+
+Every class has a class-level ``code`` (from the protocol's error-code table, see
+``protocol.codes``) and ``retryable``; instances of :class:`TaskError` carry their own code.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import ClassVar
+
+__all__ = [
+    "AsyncTaskWorkerError",
+    "ConfigError",
+    "ContextParameterError",
+    "DefinitionError",
+    "DuplicateTaskError",
+    "EnvelopeDecodeError",
+    "FatalError",
+    "HandlerKindError",
+    "HandlerSignatureError",
+    "HookNotAsyncError",
+    "InputModelError",
+    "InvalidErrorCodeError",
+    "InvalidProbeNameError",
+    "InvalidTimeoutError",
+    "InvalidWorkerNameError",
+    "NoTaskError",
+    "OutputModelError",
+    "ProtocolError",
+    "PublishError",
+    "ReportEncodeError",
+    "RetryableError",
+    "SettingsError",
+    "SettleError",
+    "TaskError",
+    "TaskTimeoutError",
+    "TimeBudgetError",
+    "TransportError",
+]
+
+#: The rule for error codes (docs/protocol.md, "Error codes"): an upper-case letter, then up to
+#: 63 upper-case letters, digits or underscores. It keeps codes usable as metric label values.
+ERROR_CODE_PATTERN = re.compile(r"^[A-Z][A-Z0-9_]{0,63}$")
+
+#: Codes only the SDK may assert: a handler cannot claim a timeout or a poison message.
+#: ``INVALID_INPUT`` is deliberately not here: a handler may reject input it finds unusable.
+RESERVED_ERROR_CODES = frozenset(
+    {
+        "TASK_TIMEOUT",
+        "INTERNAL_ERROR",
+        "TASK_ABANDONED_AFTER_REDELIVERIES",
+        "POISON_MESSAGE",
+        "INVALID_RESULT",
+        "RESULT_TOO_LARGE",
+        "WORKER_CRASHED",
+        "WORKER_DIED",
+    }
+)
+
+_MAX_MESSAGE_CHARS = 1024
+
+
+class AsyncTaskWorkerError(Exception):
+    """Root of every exception the SDK raises on purpose."""
+
+    code: ClassVar[str] = "INTERNAL_ERROR"
+    retryable: ClassVar[bool] = False
+
+
+def _check_code(code: str) -> str:
+    if not isinstance(code, str) or not ERROR_CODE_PATTERN.fullmatch(code):
+        raise InvalidErrorCodeError(
+            f"error code {code!r} does not match {ERROR_CODE_PATTERN.pattern}"
+        )
+    if code in RESERVED_ERROR_CODES:
+        raise InvalidErrorCodeError(f"error code {code} is reserved for the SDK")
+    return code
+
+
+class TaskError(AsyncTaskWorkerError):
+    """A failure a handler raises on purpose, with a code the client can match.
+
+    Attributes:
+        task_code: the code published in the ``failure`` report.
+        message: the human-readable message published with it (at most 1,024 characters;
+            a longer one is cut).
+    """
+
+    def __init__(self, code: str, message: str) -> None:
+        self.task_code = _check_code(code)
+        self.message = str(message)[:_MAX_MESSAGE_CHARS]
+        super().__init__(f"{self.task_code}: {self.message}")
+
+
+class FatalError(TaskError):
+    """Fail the task now: one ``failure`` report with ``code`` and ``message``, input acked.
+
+    Args:
+        code: the error code, matching ``^[A-Z][A-Z0-9_]{0,63}$`` and not one of the SDK's
+            reserved codes (docs/protocol.md, "Error codes").
+        message: a message for the client. It is published as is: keep secrets out of it.
+
+    Raises:
+        InvalidErrorCodeError: ``code`` breaks the code rule.
+    """
+
+    retryable: ClassVar[bool] = False
+
+
+class RetryableError(TaskError):
+    """A transient failure: the delivery is requeued and tried again.
+
+    The delivery is requeued (counted as a failed attempt) after a backoff, until the attempt
+    reaches ``WORKER_DELIVERY_LIMIT``; that last attempt concludes the task with a ``failure``
+    report carrying this error's code and message.
+
+    Args:
+        code: the code of the final failure report (default ``TRANSIENT_ERROR``), under the
+            same rule as :class:`FatalError`.
+        message: the message of the final failure report.
+        retry_delay_s: wait this many seconds before the requeue instead of the exponential
+            backoff; always capped by ``WORKER_RETRY_BACKOFF_MAX_S``.
+
+    Raises:
+        InvalidErrorCodeError: ``code`` breaks the code rule.
+        ValueError: ``retry_delay_s`` is negative or not finite.
+    """
+
+    retryable: ClassVar[bool] = True
+
+    def __init__(
+        self,
+        code: str = "TRANSIENT_ERROR",
+        message: str = "The task failed with a transient error.",
+        *,
+        retry_delay_s: float | None = None,
+    ) -> None:
+        super().__init__(code, message)
+        if retry_delay_s is not None and not (0.0 <= float(retry_delay_s) < float("inf")):
+            raise ValueError("retry_delay_s must be a finite number of seconds >= 0")
+        self.retry_delay_s = None if retry_delay_s is None else float(retry_delay_s)
+
+
+class TaskTimeoutError(AsyncTaskWorkerError):
+    """The handler did not finish within its timeout (protocol code ``TASK_TIMEOUT``)."""
+
+    code: ClassVar[str] = "TASK_TIMEOUT"
+
+
+class ProtocolError(AsyncTaskWorkerError):
+    """Bytes that do not follow the AsyncTaskAPI protocol (docs/protocol.md)."""
+
+
+class EnvelopeDecodeError(ProtocolError):
+    """An inbound body is not a valid envelope: a poison message.
+
+    The message says what is wrong and never echoes the body.
+
+    Attributes:
+        reason: one of the fixed poison reasons (``protocol.codes.PoisonReason`` values).
+        task_id: the task id, when the body carries a valid one, so that a failure report can
+            still reach the client; otherwise ``None``.
+        client_id: the client id, when it can be recovered the same way.
+    """
+
+    code: ClassVar[str] = "POISON_MESSAGE"
+
+    def __init__(
+        self,
+        reason: str,
+        detail: str,
+        *,
+        task_id: str | None = None,
+        client_id: str | None = None,
+    ) -> None:
+        self.reason = reason
+        self.detail = detail
+        self.task_id = task_id
+        self.client_id = client_id
+        super().__init__(f"{reason}: {detail}")
+
+
+class ReportEncodeError(ProtocolError):
+    """A report cannot be encoded: not JSON-compatible, or over the size limit."""
+
+    code: ClassVar[str] = "INVALID_RESULT"
+
+    def __init__(self, message: str, *, too_large: bool = False) -> None:
+        self.too_large = too_large
+        super().__init__(message)
+
+
+class TransportError(AsyncTaskWorkerError):
+    """A broker operation failed; adapters raise this from the client library's error."""
+
+    retryable: ClassVar[bool] = True
+
+
+class PublishError(TransportError):
+    """A report was not published, or the broker did not confirm it."""
+
+
+class SettleError(TransportError):
+    """An ack, requeue or reject did not reach the broker (for instance, the channel closed)."""
+
+
+class ConfigError(AsyncTaskWorkerError, ValueError):
+    """Misuse or configuration: fix the code or the environment, retrying will not help."""
+
+
+class SettingsError(ConfigError):
+    """An invalid setting; the message is one line naming the variable, never its value."""
+
+
+class TimeBudgetError(SettingsError):
+    """The task timeout does not fit under the broker's consumer timeout.
+
+    Rule (RabbitMQ closes a channel whose delivery stays unacked past ``consumer_timeout``):
+    ``task timeout + WORKER_RETRY_BACKOFF_MAX_S + 60 s < WORKER_CONSUMER_TIMEOUT_S``.
+    """
+
+
+class InvalidErrorCodeError(ConfigError):
+    """An error code outside ``^[A-Z][A-Z0-9_]{0,63}$``, or one reserved for the SDK."""
+
+
+class DefinitionError(ConfigError, TypeError):
+    """A mistake in a :class:`~async_task_api_worker.Worker` definition."""
+
+
+class InvalidWorkerNameError(DefinitionError):
+    """The worker's name is not a valid service name."""
+
+
+class DuplicateTaskError(DefinitionError):
+    """A second ``@worker.task`` on a worker that already has its one task."""
+
+
+class NoTaskError(DefinitionError):
+    """The worker is used before a ``@worker.task`` was declared."""
+
+
+class InvalidTimeoutError(DefinitionError):
+    """``timeout`` is not a positive, finite number of seconds."""
+
+
+class HandlerSignatureError(DefinitionError):
+    """The handler's signature is not ``(task_input: Model, ctx: Context) -> Model``."""
+
+
+class HandlerKindError(HandlerSignatureError):
+    """The handler is not a plain ``def`` or ``async def`` function (a generator, a class...)."""
+
+
+class ContextParameterError(HandlerSignatureError):
+    """The context parameter is not annotated exactly ``TaskContext`` / ``SyncTaskContext``."""
+
+
+class InputModelError(HandlerSignatureError):
+    """The input parameter is not annotated with a pydantic model class."""
+
+
+class OutputModelError(HandlerSignatureError):
+    """The return annotation is not a pydantic model class."""
+
+
+class HookNotAsyncError(DefinitionError):
+    """A hook or readiness probe is not an ``async def`` function."""
+
+
+class InvalidProbeNameError(DefinitionError):
+    """A readiness probe name is reserved, invalid, or already used."""

@@ -1,0 +1,1 @@
+"""Logs, metrics and probes: usable by every adapter and by the engine."""

@@ -1,0 +1,45 @@
+"""Describing an exception without its text: what the logs may say about a handler's failure.
+
+A handler's exception message can hold anything (a customer's data, a token in a URL), and so
+can the source line that raised it. The SDK logs the exception's type and where it was raised,
+never its message or code lines (docs/protocol.md, "Payloads and secrets").
+"""
+
+from __future__ import annotations
+
+import traceback
+
+__all__ = ["exception_type_name", "safe_traceback"]
+
+_MAX_FRAMES = 50
+
+
+def exception_type_name(exc: BaseException) -> str:
+    """``module.QualifiedName`` of the exception's class (builtins without the module)."""
+    kind = type(exc)
+    if kind.__module__ == "builtins":
+        return kind.__qualname__
+    return f"{kind.__module__}.{kind.__qualname__}"
+
+
+def safe_traceback(exc: BaseException) -> str:
+    """Format ``exc``'s traceback (and its causes) with frames and types only.
+
+    Returns:
+        Lines like ``File "app.py", line 12, in handle``, ending with the exception's type;
+        no exception message, no source line, no local variable.
+    """
+    blocks: list[str] = []
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        frames = traceback.extract_tb(current.__traceback__)[-_MAX_FRAMES:]
+        lines = [
+            f'  File "{frame.filename}", line {frame.lineno}, in {frame.name}' for frame in frames
+        ]
+        blocks.append("\n".join([*lines, exception_type_name(current)]))
+        current = current.__cause__ or (
+            None if current.__suppress_context__ else current.__context__
+        )
+    return "\nCaused by (or while handling):\n".join(reversed(blocks))

@@ -1,0 +1,335 @@
+"""The contracts between the engine and its adapters, and the values they exchange.
+
+A transport (RabbitMQ, in-memory, SQS/Step Functions) implements :class:`Transport`; an executor
+(inline, thread, process) implements :class:`Executor`; metrics and logs implement
+:class:`Observer`. The engine imports only this module, never an adapter.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, Protocol, runtime_checkable
+
+from pydantic import BaseModel
+
+from async_task_api_worker.context import SyncTaskContext, TaskContext
+from async_task_api_worker.protocol.reports import EncodedReport
+
+__all__ = [
+    "AckFailed",
+    "Action",
+    "CancelToken",
+    "Delivery",
+    "DeliverySettled",
+    "EngineEvent",
+    "ExecutionRequest",
+    "Executor",
+    "Observer",
+    "Outcome",
+    "ProgressDropped",
+    "PublishFailed",
+    "ReportPublished",
+    "Settlement",
+    "TaskStarted",
+    "Transport",
+]
+
+
+class CancelToken:
+    """A one-shot cancellation that runs callbacks instead of needing a waiter task.
+
+    ``cancel()`` marks the token and runs each registered callback once, on the caller's thread
+    (call it on the event loop). Registering on a cancelled token runs the callback at once.
+    """
+
+    __slots__ = ("_callbacks", "_reason")
+
+    def __init__(self) -> None:
+        self._callbacks: list[Callable[[], None]] = []
+        self._reason: str | None = None
+
+    @property
+    def cancelled(self) -> bool:
+        """Whether :meth:`cancel` was called."""
+        return self._reason is not None
+
+    @property
+    def reason(self) -> str | None:
+        """The reason given to :meth:`cancel`, or ``None``."""
+        return self._reason
+
+    def cancel(self, reason: str) -> None:
+        """Cancel (idempotent: only the first call's reason is kept)."""
+        if self._reason is not None:
+            return
+        self._reason = reason
+        callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            callback()
+
+    def add_callback(self, callback: Callable[[], None]) -> Callable[[], None]:
+        """Run ``callback()`` on cancel; returns a function that unregisters it."""
+        if self._reason is not None:
+            callback()
+            return _nothing
+        self._callbacks.append(callback)
+
+        def remove() -> None:
+            with contextlib.suppress(ValueError):
+                self._callbacks.remove(callback)
+
+        return remove
+
+
+def _nothing() -> None:
+    return None
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Delivery:
+    """One message handed out by a broker, as the engine sees it.
+
+    Attributes:
+        body: the message body, bytes as delivered.
+        headers: the message headers (AMQP headers, SQS message attributes), read-only.
+        delivery_count: how many times the broker handed this message out before this
+            delivery (RabbitMQ's ``x-delivery-count``: absent, so 0, on the first delivery);
+            ``None`` when the broker does not count (a classic queue).
+        redelivered: the broker's redelivered flag (AMQP ``redelivered``).
+        handle: the transport's own reference (delivery tag and channel); opaque to the engine.
+        cancel_token: cancelled by the transport when the delivery can no longer be reported
+            on (a stale Step Functions task token): the engine stops the handler, publishes
+            nothing, and settles with outcome ``cancelled``.
+    """
+
+    body: bytes
+    headers: Mapping[str, Any] = field(default_factory=dict)
+    delivery_count: int | None = 0
+    redelivered: bool = False
+    handle: Any = None
+    cancel_token: CancelToken = field(default_factory=CancelToken)
+
+
+class Outcome(StrEnum):
+    """What happened to a delivery (the decision line's ``outcome``)."""
+
+    SUCCESS = "success"
+    FAILURE = "failure"
+    POISON = "poison"
+    RETRY = "retry"
+    PUBLISH_FAILED = "publish_failed"
+    SHUTDOWN_REQUEUED = "shutdown_requeued"
+    CANCELLED = "cancelled"
+    ENGINE_ERROR = "engine_error"
+
+
+class Action(StrEnum):
+    """How a delivery was settled with the broker (the decision line's ``action``).
+
+    - ``ack``: the task succeeded and its ``success`` report was confirmed, then acked;
+    - ``conclude``: the task ended with a confirmed ``failure`` report (or, cancelled, with no
+      report at all), then acked;
+    - ``nack-requeue``: put back in the queue, to be delivered again (``requeue_counted`` on the
+      settlement tells a failed attempt from a give-back);
+    - ``reject``: refused without requeue (dead-lettered where the queue has a dead-letter
+      exchange): a poison body whose task id could not be recovered, so nobody can be told.
+    """
+
+    ACK = "ack"
+    CONCLUDE = "conclude"
+    NACK_REQUEUE = "nack-requeue"
+    REJECT = "reject"
+
+
+@dataclass(frozen=True, slots=True)
+class Settlement:
+    """The engine's decision for one delivery; exactly one per delivery.
+
+    Attributes:
+        outcome: what happened.
+        action: how the delivery was settled.
+        code: the failure report's code, or ``None`` (success, retry, give-back).
+        task_id: the task id, when known.
+        attempt: this delivery's attempt number, from 1.
+        delivery_limit: the attempts the task gets (2 when the broker gives no count).
+        requeue_counted: for ``nack-requeue``, whether the requeue counts as a failed attempt.
+        poison_reason: for ``poison``, why the body was refused.
+        settled: whether the broker accepted the settle (``False``: the ack/requeue/reject
+            failed, and the broker will redeliver on its own).
+    """
+
+    outcome: Outcome
+    action: Action
+    code: str | None
+    task_id: str | None
+    attempt: int
+    delivery_limit: int
+    requeue_counted: bool = False
+    poison_reason: str | None = None
+    settled: bool = True
+
+
+@runtime_checkable
+class Transport(Protocol):
+    """A broker, as the engine and the runtime use it.
+
+    Every method raises only :class:`~async_task_api_worker.errors.TransportError` subclasses
+    (the adapter maps its client library's exceptions, keeping them as ``__cause__``).
+    """
+
+    @property
+    def delivery_count_known(self) -> bool:
+        """Whether deliveries carry the broker's delivery count (quorum queues do)."""
+        ...
+
+    async def connect(self) -> None:
+        """Connect and declare what the worker needs."""
+        ...
+
+    def deliveries(self) -> AsyncIterator[Delivery]:
+        """Yield deliveries as the broker hands them out, until :meth:`stop_consuming`."""
+        ...
+
+    async def stop_consuming(self) -> None:
+        """Stop receiving new deliveries; in-flight ones can still be reported and settled."""
+        ...
+
+    async def publish(self, delivery: Delivery, report: EncodedReport) -> None:
+        """Publish a report about ``delivery`` and wait for the broker's confirm.
+
+        Raises:
+            PublishError: the broker refused it or did not confirm it.
+        """
+        ...
+
+    async def ack(self, delivery: Delivery) -> None:
+        """Acknowledge: the delivery is done and leaves the queue.
+
+        Raises:
+            SettleError: the ack did not reach the broker.
+        """
+        ...
+
+    async def requeue(self, delivery: Delivery, *, count_attempt: bool) -> None:
+        """Put the delivery back in the queue.
+
+        Args:
+            delivery: the delivery.
+            count_attempt: ``True`` for a failed attempt that must count towards the delivery
+                limit (RabbitMQ: ``basic.reject(requeue=True)``); ``False`` for a give-back that
+                must not (``basic.nack(requeue=True)``, which RabbitMQ 4.3+ does not count).
+
+        Raises:
+            SettleError: the requeue did not reach the broker.
+        """
+        ...
+
+    async def reject(self, delivery: Delivery) -> None:
+        """Refuse without requeue: dead-lettered if the queue has a dead-letter exchange.
+
+        Raises:
+            SettleError: the reject did not reach the broker.
+        """
+        ...
+
+    async def close(self) -> None:
+        """Close the connection; idempotent."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutionRequest:
+    """One handler call for an executor to run.
+
+    Attributes:
+        handler: the user's ``async def`` or ``def`` handler.
+        task_input: the input, validated by the handler's input model.
+        raw_input: the envelope's ``input`` object as decoded (for executors that re-validate
+            in another process).
+        context: the context passed to the handler.
+        timeout_s: the handler's deadline, in seconds from the call.
+        task_id: the task's id, for the executor's own logs.
+    """
+
+    handler: Callable[..., Any]
+    task_input: BaseModel
+    raw_input: Mapping[str, Any]
+    context: TaskContext | SyncTaskContext
+    timeout_s: float
+    task_id: str
+
+
+class Executor(Protocol):
+    """Runs a handler under its deadline.
+
+    ``execute`` returns what the handler returned, or raises what it raised;
+    :class:`~async_task_api_worker.errors.TaskTimeoutError` at the deadline. Cancelling the
+    ``execute`` coroutine stops the work as far as the executor can (an asyncio cancel, a
+    process-group kill; a thread cannot be stopped and is reported as stuck).
+    """
+
+    def execute(self, request: ExecutionRequest) -> Awaitable[Any]:
+        """Run ``request.handler(request.task_input, request.context)``."""
+        ...
+
+    async def aclose(self) -> None:
+        """Release the executor's resources (threads, processes)."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class TaskStarted:
+    """A handler is about to run (its ``started`` report was confirmed)."""
+
+    task_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class DeliverySettled:
+    """A delivery was settled; ``duration_s`` runs from its arrival to its settle."""
+
+    settlement: Settlement
+    duration_s: float
+    handler_ran: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ReportPublished:
+    """A report was confirmed by the broker."""
+
+    report_type: str
+
+
+@dataclass(frozen=True, slots=True)
+class PublishFailed:
+    """A report was not confirmed."""
+
+    report_type: str
+
+
+@dataclass(frozen=True, slots=True)
+class AckFailed:
+    """A settle (ack, requeue or reject) did not reach the broker."""
+
+
+@dataclass(frozen=True, slots=True)
+class ProgressDropped:
+    """A progress update was not published; ``reason`` is from a fixed set."""
+
+    reason: str
+
+
+EngineEvent = (
+    TaskStarted | DeliverySettled | ReportPublished | PublishFailed | AckFailed | ProgressDropped
+)
+
+
+class Observer(Protocol):
+    """Learns what the engine did (metrics, audit). Must not block; failures are logged only."""
+
+    def notify(self, event: EngineEvent) -> None:
+        """Record one event."""
+        ...

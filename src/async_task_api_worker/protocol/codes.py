@@ -1,0 +1,74 @@
+"""The protocol's fixed vocabularies: error codes, report types and poison reasons.
+
+Source: docs/protocol.md, sections "Reports" and "Error codes".
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from async_task_api_worker.errors import ERROR_CODE_PATTERN, RESERVED_ERROR_CODES
+
+__all__ = [
+    "ERROR_CODE_PATTERN",
+    "RESERVED_ERROR_CODES",
+    "ErrorCode",
+    "PoisonReason",
+    "ReportType",
+]
+
+
+class ReportType(StrEnum):
+    """The ``type`` of an outbound report (also the AMQP ``type`` property)."""
+
+    STARTED = "started"
+    PROGRESS = "progress"
+    SUCCESS = "success"
+    FAILURE = "failure"
+
+    @property
+    def terminal(self) -> bool:
+        """Whether this report ends the task (``success`` or ``failure``)."""
+        return self in (ReportType.SUCCESS, ReportType.FAILURE)
+
+
+class ErrorCode(StrEnum):
+    """The codes the SDK itself publishes in ``failure`` reports.
+
+    User codes (``FatalError``, ``RetryableError``) follow ``ERROR_CODE_PATTERN`` and may not be
+    one of the reserved codes; ``INVALID_INPUT`` is the one SDK code a handler may also raise.
+    """
+
+    INVALID_INPUT = "INVALID_INPUT"
+    """The task input failed the handler's input model; the message names the fields."""
+    TASK_TIMEOUT = "TASK_TIMEOUT"
+    """The handler ran past its timeout and was cancelled (or abandoned, for a thread)."""
+    INTERNAL_ERROR = "INTERNAL_ERROR"
+    """The handler raised an unexpected exception; its text is never published."""
+    TASK_ABANDONED_AFTER_REDELIVERIES = "TASK_ABANDONED_AFTER_REDELIVERIES"
+    """The delivery came back more times than the delivery limit (a crash loop)."""
+    POISON_MESSAGE = "POISON_MESSAGE"
+    """The inbound body is not a valid envelope, but its task id could be recovered."""
+    INVALID_RESULT = "INVALID_RESULT"
+    """The handler's return value failed its output model, or no valid result came back."""
+    RESULT_TOO_LARGE = "RESULT_TOO_LARGE"
+    """The success report would exceed the report size limit."""
+    TRANSIENT_ERROR = "TRANSIENT_ERROR"
+    """Default code of a ``RetryableError`` that exhausted its attempts."""
+    WORKER_CRASHED = "WORKER_CRASHED"
+    """An isolated task's process died from a signal the SDK did not send."""
+    WORKER_DIED = "WORKER_DIED"
+    """A detached worker left no result before its deadline."""
+
+
+class PoisonReason(StrEnum):
+    """Why an inbound body was refused (the ``reason`` of a poison message; a fixed set)."""
+
+    TOO_LARGE = "too_large"
+    INVALID_UTF8 = "invalid_utf8"
+    INVALID_JSON = "invalid_json"
+    NOT_AN_OBJECT = "not_an_object"
+    TOO_DEEP = "too_deep"
+    INVALID_ENVELOPE = "invalid_envelope"
+    UNSUPPORTED_VERSION = "unsupported_version"
+    WRONG_SERVICE = "wrong_service"

@@ -1,0 +1,149 @@
+r"""The canonical byte encoding of reports, and the strict JSON decoding of bodies.
+
+Rules (docs/protocol.md, "Canonical encoding"), so that one report always gives the same bytes:
+
+- UTF-8, no byte-order mark, no white space between tokens (``,`` and ``:`` separators);
+- object keys sorted by Unicode code point, at every level;
+- non-ASCII characters written as themselves, never as ``\\u`` escapes, except a lone surrogate
+  (not encodable in UTF-8), written as a lower-case ``\\udxxx`` escape;
+- JSON's mandatory escapes only: ``\\"``, ``\\\\``, ``\\b \\f \\n \\r \\t`` and ``\\u00xx`` for the
+  other control characters;
+- integers in decimal, up to 4,300 digits; floats as the shortest text that reads back to the
+  same IEEE-754 double, keeping a ``.0`` on integral values and switching to exponent form
+  (``1e-05``, ``1e+16``) below 1e-4 or from 1e16 up; NaN and the infinities are refused.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from typing import Any
+
+from async_task_api_worker.errors import ReportEncodeError
+
+__all__ = [
+    "MAX_NESTING_DEPTH",
+    "MAX_REPORT_BYTES",
+    "canonical_dumps",
+    "nesting_depth",
+    "strict_loads",
+]
+
+#: The largest encoded report, in bytes: RabbitMQ 4.0's default ``max_message_size`` (16 MiB),
+#: so that a report accepted here is accepted by every supported broker.
+MAX_REPORT_BYTES = 16 * 1024 * 1024
+
+#: The deepest nesting of arrays and objects in a body or a report (serde_json, a common
+#: consumer, refuses more than 128 by default; 64 leaves room for the report around a payload).
+MAX_NESTING_DEPTH = 64
+
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+_ENCODER = json.JSONEncoder(
+    ensure_ascii=False,
+    allow_nan=False,
+    sort_keys=True,
+    separators=(",", ":"),
+    check_circular=True,
+)
+
+
+def _escape_surrogate(match: re.Match[str]) -> str:
+    return f"\\u{ord(match.group()):04x}"
+
+
+def canonical_dumps(value: Any) -> bytes:
+    """Encode a JSON-compatible value to its canonical bytes.
+
+    Args:
+        value: ``dict`` (string keys), ``list``, ``tuple``, ``str``, ``int``, ``float``,
+            ``bool`` or ``None``, nested at most :data:`MAX_NESTING_DEPTH` levels.
+
+    Returns:
+        The canonical UTF-8 bytes.
+
+    Raises:
+        ReportEncodeError: the value holds a non-JSON type, a non-string key, NaN or an
+            infinity, an integer over 4,300 digits, or nests too deep.
+    """
+    _check_tree(value)
+    try:
+        text = _ENCODER.encode(value)
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise ReportEncodeError(f"value is not canonical JSON: {type(exc).__name__}") from exc
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        return _LONE_SURROGATE.sub(_escape_surrogate, text).encode("utf-8")
+
+
+def _check_tree(value: Any) -> None:
+    """Refuse what ``json`` would silently accept: deep nesting, and keys that are not text.
+
+    The standard encoder turns ``int``, ``float``, ``bool`` and ``None`` keys into strings,
+    so ``{1: "a"}`` would read back as ``{"1": "a"}``; a report must read back as written.
+    Iterative, like :func:`nesting_depth`.
+    """
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, dict):
+            if not all(isinstance(key, str) for key in node):
+                raise ReportEncodeError("value has an object key that is not a string")
+            children: Any = node.values()
+        elif isinstance(node, list | tuple):
+            children = node
+        else:
+            continue
+        if depth > MAX_NESTING_DEPTH:
+            raise ReportEncodeError(f"value nests deeper than {MAX_NESTING_DEPTH} levels")
+        stack.extend((child, depth + 1) for child in children)
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def _finite_float(text: str) -> float:
+    number = float(text)
+    if math.isinf(number):
+        # ``1e400`` is valid JSON syntax, but reads as infinity, which the protocol refuses.
+        raise ValueError("a number that overflows to infinity is not valid JSON")
+    return number
+
+
+def strict_loads(text: str) -> Any:
+    """Parse JSON text strictly: NaN and the infinities are refused.
+
+    Duplicate keys keep the last value (as RFC 8259 leaves it to the reader and most readers do).
+
+    Raises:
+        json.JSONDecodeError: the text is not JSON (message and position, never the text).
+        ValueError: a NaN/Infinity literal, a number too large for a double (``1e400``), or
+            an integer over 4,300 digits.
+        RecursionError: nesting beyond the interpreter's recursion limit.
+    """
+    return json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
+
+
+def nesting_depth(value: Any) -> int:
+    """Return how deeply arrays and objects nest in ``value`` (a scalar is 0, ``{}`` is 1).
+
+    Iterative, so that a pathological value cannot exhaust the stack.
+    """
+    deepest = 0
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, dict):
+            children: Any = node.values()
+        elif isinstance(node, list | tuple):
+            children = node
+        else:
+            continue
+        deepest = max(deepest, depth)
+        if depth > MAX_NESTING_DEPTH:
+            return depth
+        stack.extend((child, depth + 1) for child in children)
+    return deepest

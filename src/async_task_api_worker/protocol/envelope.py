@@ -1,0 +1,259 @@
+"""The inbound envelope the AsyncTaskAPI publishes, and its decoder.
+
+Source: docs/protocol.md, "The envelope". The decoder turns any bytes into either an
+:class:`Envelope` or an :class:`~async_task_api_worker.errors.EnvelopeDecodeError` whose message
+says what is wrong without echoing the body; it raises nothing else.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from datetime import datetime
+from typing import Annotated, Any, Final, Literal
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationError,
+)
+
+from async_task_api_worker.errors import EnvelopeDecodeError
+from async_task_api_worker.protocol.codes import PoisonReason
+from async_task_api_worker.protocol.encoding import MAX_NESTING_DEPTH, nesting_depth, strict_loads
+
+__all__ = [
+    "DEFAULT_MAX_BODY_BYTES",
+    "ID_PATTERN",
+    "PROTOCOL_VERSION",
+    "SERVICE_PATTERN",
+    "Envelope",
+    "InputRef",
+    "decode_envelope",
+    "describe_validation_error",
+]
+
+#: The protocol version this SDK speaks (the envelope's and reports' ``protocol_version``).
+PROTOCOL_VERSION: Final = 1
+
+#: Task and client ids: safe in AMQP short strings (255 bytes), log lines and file names.
+ID_PATTERN: Final = r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$"
+
+#: A worker's service name (``Worker(name)``).
+SERVICE_PATTERN: Final = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+
+#: The default largest inbound body, in bytes (``WORKER_MAX_MESSAGE_BYTES``).
+DEFAULT_MAX_BODY_BYTES: Final = 16 * 1024 * 1024
+
+_ID_RE = re.compile(ID_PATTERN)
+
+Identifier = Annotated[str, StringConstraints(pattern=ID_PATTERN)]
+ServiceName = Annotated[str, StringConstraints(pattern=SERVICE_PATTERN)]
+
+
+def _must_be_utc(value: datetime) -> datetime:
+    offset = value.utcoffset()
+    if offset is None or offset.total_seconds() != 0:
+        raise ValueError("timestamp must be in UTC (Z or +00:00)")
+    return value
+
+
+#: An RFC 3339 ``date-time`` (section 5.6): pydantic alone would also take ``"1700000000"``,
+#: a date without a time, or a time without seconds.
+_RFC3339_RE = re.compile(
+    r"[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt][0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]+)?([Zz]|[+-][0-9]{2}:[0-9]{2})"
+)
+
+
+def _must_be_text(value: object) -> object:
+    if not isinstance(value, str) or not _RFC3339_RE.fullmatch(value):
+        raise ValueError("timestamp must be an RFC 3339 string")
+    return value
+
+
+def _must_be_integer(value: object) -> object:
+    # Literal[1] alone would take ``true`` and ``1.0`` (both equal 1 in Python).
+    if type(value) is not int:
+        raise ValueError("protocol_version must be an integer")
+    return value
+
+
+#: The ``protocol_version`` field: the JSON integer 1, nothing that merely equals it.
+ProtocolVersion = Annotated[Literal[1], BeforeValidator(_must_be_integer)]
+
+
+UtcDatetime = Annotated[
+    datetime,
+    BeforeValidator(_must_be_text),
+    Field(strict=False),
+    AfterValidator(_must_be_utc),
+]
+
+
+class InputRef(BaseModel):
+    """A pointer to a large input stored elsewhere (an object store, a file share...).
+
+    The SDK does not fetch it: the handler reads ``ctx.input_refs`` and fetches what it needs.
+
+    Attributes:
+        name: what the handler calls this input (``"video"``, ``"dataset"``), 1-128 characters.
+        uri: where it is (``s3://bucket/key``, ``https://...``), 1-4,096 characters.
+        content_type: its media type, if the producer knows it.
+        size_bytes: its size in bytes, if known.
+        sha256: its SHA-256 digest in lower-case hex, if known.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="ignore", strict=True)
+
+    name: Annotated[str, StringConstraints(min_length=1, max_length=128)]
+    uri: Annotated[str, StringConstraints(min_length=1, max_length=4096)]
+    content_type: Annotated[str, StringConstraints(min_length=1, max_length=255)] | None = None
+    size_bytes: Annotated[int, Field(ge=0)] | None = None
+    sha256: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")] | None = None
+
+
+class Envelope(BaseModel):
+    """The inbound message: one task for one worker service.
+
+    Unknown fields are ignored, so that a producer may add fields within protocol version 1.
+
+    Attributes:
+        protocol_version: always ``1`` for this SDK.
+        task_id: the task's id, unique per task; every report carries it.
+        client_id: who asked for the task; every report carries it.
+        service: the worker service the task is for (the ``Worker``'s name).
+        input: the task input, a JSON object, validated by the handler's input model.
+        input_refs: pointers to inputs too large to travel in the message, in order.
+        created_at: when the API accepted the task, in UTC, if the producer says.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="ignore", strict=True)
+
+    protocol_version: ProtocolVersion
+    task_id: Identifier
+    client_id: Identifier
+    service: ServiceName
+    input: dict[str, Any]
+    input_refs: Annotated[tuple[InputRef, ...], Field(strict=False, max_length=256)] = ()
+    created_at: UtcDatetime | None = None
+
+
+def describe_validation_error(error: ValidationError, *, limit: int = 10) -> str:
+    """Name the failing fields of a pydantic error without echoing any input value.
+
+    Returns:
+        ``"field.path: error_type; ..."`` for at most ``limit`` errors (the pydantic error
+        ``type``s, which never contain input, e.g. ``missing``, ``string_too_short``).
+    """
+    parts = []
+    for item in error.errors(include_url=False, include_input=False, include_context=False)[:limit]:
+        location = ".".join(str(part) for part in item["loc"]) or "(root)"
+        parts.append(f"{location}: {item['type']}")
+    more = error.error_count() - limit
+    if more > 0:
+        parts.append(f"and {more} more")
+    return "; ".join(parts)
+
+
+def _recover_id(document: dict[str, Any], key: str) -> str | None:
+    value = document.get(key)
+    if isinstance(value, str) and _ID_RE.fullmatch(value):
+        return value
+    return None
+
+
+def decode_envelope(body: bytes, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> Envelope:
+    """Decode an inbound body into an :class:`Envelope`.
+
+    Args:
+        body: the message body, as the broker delivered it.
+        max_body_bytes: the largest body accepted, in bytes.
+
+    Returns:
+        The validated envelope.
+
+    Raises:
+        EnvelopeDecodeError: the body is not a valid envelope; ``reason`` is one of
+            :class:`~async_task_api_worker.protocol.codes.PoisonReason`, and ``task_id`` /
+            ``client_id`` are set when the body is a JSON object carrying valid ones. Nothing
+            else is raised, whatever the bytes.
+    """
+    if len(body) > max_body_bytes:
+        raise EnvelopeDecodeError(
+            PoisonReason.TOO_LARGE, f"body of {len(body)} bytes exceeds {max_body_bytes} bytes"
+        )
+    # The decode errors below are raised `from None` on purpose: the parser's exceptions hold
+    # the whole body (JSONDecodeError.doc), which must not travel into logs with a traceback.
+    try:
+        text = bytes(body).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise EnvelopeDecodeError(
+            PoisonReason.INVALID_UTF8, f"body is not UTF-8 (invalid byte at offset {exc.start})"
+        ) from None
+    try:
+        document = strict_loads(text)
+    except json.JSONDecodeError as exc:
+        raise EnvelopeDecodeError(
+            PoisonReason.INVALID_JSON,
+            f"body is not JSON: {exc.msg} at line {exc.lineno} column {exc.colno}",
+        ) from None
+    except RecursionError:
+        raise EnvelopeDecodeError(
+            PoisonReason.TOO_DEEP, f"body nests deeper than {MAX_NESTING_DEPTH} levels"
+        ) from None
+    except ValueError as exc:
+        # NaN/Infinity literals and over-long integers; the message names the rule, not the data.
+        reason = (
+            "a number is NaN or infinite"
+            if "not valid JSON" in str(exc)
+            else "an integer is too long"
+        )
+        raise EnvelopeDecodeError(
+            PoisonReason.INVALID_JSON, f"body is not JSON: {reason}"
+        ) from None
+    if not isinstance(document, dict):
+        raise EnvelopeDecodeError(
+            PoisonReason.NOT_AN_OBJECT, f"body is a JSON {_json_kind(document)}, not an object"
+        )
+    task_id = _recover_id(document, "task_id")
+    client_id = _recover_id(document, "client_id")
+    if nesting_depth(document) > MAX_NESTING_DEPTH:
+        raise EnvelopeDecodeError(
+            PoisonReason.TOO_DEEP,
+            f"body nests deeper than {MAX_NESTING_DEPTH} levels",
+            task_id=task_id,
+            client_id=client_id,
+        )
+    version = document.get("protocol_version")
+    if version != PROTOCOL_VERSION and isinstance(version, int) and not isinstance(version, bool):
+        raise EnvelopeDecodeError(
+            PoisonReason.UNSUPPORTED_VERSION,
+            f"protocol_version {version} is not supported (this worker speaks {PROTOCOL_VERSION})",
+            task_id=task_id,
+            client_id=client_id,
+        )
+    try:
+        return Envelope.model_validate(document)
+    except ValidationError as exc:
+        raise EnvelopeDecodeError(
+            PoisonReason.INVALID_ENVELOPE,
+            f"invalid envelope: {describe_validation_error(exc)}",
+            task_id=task_id,
+            client_id=client_id,
+        ) from None
+
+
+def _json_kind(value: Any) -> str:
+    if isinstance(value, list):
+        return "array"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, bool):
+        return "boolean"
+    if value is None:
+        return "null"
+    return "number"

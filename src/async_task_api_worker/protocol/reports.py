@@ -1,0 +1,228 @@
+"""The outbound reports a worker publishes for a task, and their AMQP properties.
+
+Source: docs/protocol.md, "Reports". Every delivery that carries a task id ends with exactly one
+terminal report (``success`` or ``failure``); ``started`` and ``progress`` may come before it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Annotated, Any, Final, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, TypeAdapter, ValidationError
+
+from async_task_api_worker.errors import ERROR_CODE_PATTERN, ProtocolError, ReportEncodeError
+from async_task_api_worker.protocol.codes import ReportType
+from async_task_api_worker.protocol.encoding import MAX_REPORT_BYTES, canonical_dumps, strict_loads
+from async_task_api_worker.protocol.envelope import (
+    ID_PATTERN,
+    PROTOCOL_VERSION,
+    SERVICE_PATTERN,
+    ProtocolVersion,
+    describe_validation_error,
+)
+
+__all__ = [
+    "MAX_ERROR_MESSAGE_CHARS",
+    "TIMESTAMP_PATTERN",
+    "EncodedReport",
+    "FailureReport",
+    "MessageProperties",
+    "ProgressReport",
+    "Report",
+    "ReportError",
+    "StartedReport",
+    "SuccessReport",
+    "decode_report",
+    "encode_report",
+    "format_timestamp",
+]
+
+#: Report timestamps: UTC, microseconds always written, ``Z`` suffix.
+TIMESTAMP_PATTERN: Final = r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{6}Z$"
+
+#: The longest ``error.message``, in characters; the SDK cuts longer ones.
+MAX_ERROR_MESSAGE_CHARS: Final = 1024
+
+_Identifier = Annotated[str, StringConstraints(pattern=ID_PATTERN)]
+
+
+def format_timestamp(moment: datetime) -> str:
+    """Format an aware datetime as a report timestamp (``2026-11-29T22:48:46.123456Z``)."""
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+class _ReportBase(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+    protocol_version: ProtocolVersion = PROTOCOL_VERSION
+    task_id: _Identifier
+    client_id: _Identifier | None
+    service: Annotated[str, StringConstraints(pattern=SERVICE_PATTERN)]
+    attempt: Annotated[int, Field(ge=1)]
+    timestamp: Annotated[str, StringConstraints(pattern=TIMESTAMP_PATTERN)]
+
+
+class StartedReport(_ReportBase):
+    """The handler is about to run (published once per attempt, after input validation)."""
+
+    type: Literal["started"] = "started"
+
+
+class ProgressReport(_ReportBase):
+    """The task's latest progress: ``fraction`` in [0, 1), never going back within an attempt."""
+
+    type: Literal["progress"] = "progress"
+    fraction: Annotated[float, Field(ge=0.0, lt=1.0, allow_inf_nan=False)]
+    payload: dict[str, Any] | None = None
+
+
+class SuccessReport(_ReportBase):
+    """The task succeeded; ``response`` is the handler's output model as a JSON object."""
+
+    type: Literal["success"] = "success"
+    response: dict[str, Any]
+
+
+class ReportError(BaseModel):
+    """The ``error`` of a failure report: a stable ``code`` and a human-readable ``message``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+    code: Annotated[str, StringConstraints(pattern=ERROR_CODE_PATTERN.pattern)]
+    message: Annotated[str, StringConstraints(max_length=MAX_ERROR_MESSAGE_CHARS)]
+
+
+class FailureReport(_ReportBase):
+    """The task failed; ``client_id`` is null only for a poison body without a valid one."""
+
+    type: Literal["failure"] = "failure"
+    error: ReportError
+
+
+Report = Annotated[
+    StartedReport | ProgressReport | SuccessReport | FailureReport, Field(discriminator="type")
+]
+_REPORT_ADAPTER: TypeAdapter[StartedReport | ProgressReport | SuccessReport | FailureReport] = (
+    TypeAdapter(Report)
+)
+
+
+@dataclass(frozen=True, slots=True)
+class MessageProperties:
+    """The AMQP basic properties of a published report (docs/protocol.md, "AMQP properties").
+
+    Attributes:
+        message_id: ``<task_id>/<attempt>/<seq>``, ``seq`` counting the reports of one attempt
+            from 0, so that a consumer can drop a duplicate.
+        correlation_id: the task id.
+        type: the report type.
+        timestamp_s: publication time, whole seconds since the Unix epoch (AMQP ``timestamp``).
+        app_id: the worker's service name.
+        content_type: always ``application/json``.
+        content_encoding: always ``utf-8``.
+        delivery_mode: always 2 (persistent).
+    """
+
+    message_id: str
+    correlation_id: str
+    type: str
+    timestamp_s: int
+    app_id: str
+    content_type: str = "application/json"
+    content_encoding: str = "utf-8"
+    delivery_mode: int = 2
+
+
+@dataclass(frozen=True, slots=True)
+class EncodedReport:
+    """A report ready to publish: the model, its canonical bytes and its AMQP properties."""
+
+    report: StartedReport | ProgressReport | SuccessReport | FailureReport
+    body: bytes
+    properties: MessageProperties
+
+    @property
+    def type(self) -> ReportType:
+        """The report's type."""
+        return ReportType(self.report.type)
+
+    @property
+    def task_id(self) -> str:
+        """The task the report is about."""
+        return self.report.task_id
+
+
+def _document(
+    report: StartedReport | ProgressReport | SuccessReport | FailureReport,
+) -> dict[str, Any]:
+    document: dict[str, Any] = {
+        "protocol_version": report.protocol_version,
+        "type": report.type,
+        "task_id": report.task_id,
+        "client_id": report.client_id,
+        "service": report.service,
+        "attempt": report.attempt,
+        "timestamp": report.timestamp,
+    }
+    if isinstance(report, ProgressReport):
+        document["fraction"] = float(report.fraction)
+        document["payload"] = report.payload
+    elif isinstance(report, SuccessReport):
+        document["response"] = report.response
+    elif isinstance(report, FailureReport):
+        document["error"] = {"code": report.error.code, "message": report.error.message}
+    return document
+
+
+def encode_report(
+    report: StartedReport | ProgressReport | SuccessReport | FailureReport,
+    *,
+    seq: int = 0,
+    max_bytes: int = MAX_REPORT_BYTES,
+) -> EncodedReport:
+    """Encode a report to its canonical bytes and AMQP properties.
+
+    Args:
+        report: the report.
+        seq: the report's position among the reports of its attempt, from 0.
+        max_bytes: the largest encoded report accepted, in bytes.
+
+    Returns:
+        The encoded report.
+
+    Raises:
+        ReportEncodeError: a payload or response is not canonical JSON, or the encoded report
+            exceeds ``max_bytes`` (``too_large`` is then true).
+    """
+    body = canonical_dumps(_document(report))
+    if len(body) > max_bytes:
+        raise ReportEncodeError(
+            f"{report.type} report of {len(body)} bytes exceeds {max_bytes} bytes", too_large=True
+        )
+    moment = datetime.strptime(report.timestamp, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
+    properties = MessageProperties(
+        message_id=f"{report.task_id}/{report.attempt}/{seq}",
+        correlation_id=report.task_id,
+        type=report.type,
+        timestamp_s=int(moment.timestamp()),
+        app_id=report.service,
+    )
+    return EncodedReport(report=report, body=body, properties=properties)
+
+
+def decode_report(body: bytes) -> StartedReport | ProgressReport | SuccessReport | FailureReport:
+    """Decode and validate a report's bytes (what a consumer of the output queue does).
+
+    Raises:
+        ProtocolError: the bytes are not a valid report; the message names the failing fields.
+    """
+    try:
+        document = strict_loads(bytes(body).decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise ProtocolError(f"report is not UTF-8 JSON: {type(exc).__name__}") from exc
+    try:
+        return _REPORT_ADAPTER.validate_python(document)
+    except ValidationError as exc:
+        raise ProtocolError(f"invalid report: {describe_validation_error(exc)}") from None

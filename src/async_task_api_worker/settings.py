@@ -1,0 +1,207 @@
+"""The worker's settings, read from environment variables by pydantic-settings.
+
+Every duration is a float in seconds (names end in ``_s``), every size an int in bytes (``_bytes``).
+The README's settings table lists them all; this module is its source.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from enum import StrEnum
+from typing import Annotated, Any, Final
+
+from pydantic import Field, SecretStr, ValidationError
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from async_task_api_worker.errors import SettingsError, TimeBudgetError
+
+__all__ = [
+    "CONSUMER_TIMEOUT_MARGIN_S",
+    "LogLevel",
+    "WorkerMode",
+    "WorkerSettings",
+    "check_time_budget",
+    "load_settings",
+]
+
+#: The slack the budget rule keeps between the worst case and the broker's consumer timeout:
+#: RabbitMQ checks ``consumer_timeout`` on its channel tick (every 60 s by default), and the
+#: settle itself needs a moment.
+CONSUMER_TIMEOUT_MARGIN_S: Final = 60.0
+
+PositiveSeconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+NonNegativeSeconds = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+
+
+class WorkerMode(StrEnum):
+    """How the process runs: a long-lived consumer, or a one-shot job with a quota."""
+
+    SERVICE = "service"
+    JOB = "job"
+
+
+class LogLevel(StrEnum):
+    """The stdlib logging levels ``LOG_LEVEL`` accepts."""
+
+    DEBUG = "DEBUG"
+    INFO = "INFO"
+    WARNING = "WARNING"
+    ERROR = "ERROR"
+    CRITICAL = "CRITICAL"
+
+
+class WorkerSettings(BaseSettings):
+    """Every setting of a worker process; each field is read from the upper-cased variable.
+
+    Construct with ``WorkerSettings()`` to read the environment, or use :func:`load_settings`
+    to get a :class:`SettingsError` with a one-line message instead of pydantic's report.
+    """
+
+    model_config = SettingsConfigDict(
+        case_sensitive=False, extra="forbid", frozen=True, validate_default=True
+    )
+
+    # --- broker -------------------------------------------------------------------------------
+    broker_url: SecretStr = SecretStr("amqp://guest:guest@localhost:5672/")
+    """AMQP URL of the broker (``amqp://user:password@host:5672/vhost``); never logged whole."""
+    in_queue_name: Annotated[str, Field(min_length=1, max_length=255)] | None = None
+    """Queue the tasks arrive on; default ``<worker name>_queue_in``."""
+    out_queue_name: Annotated[str, Field(min_length=1, max_length=255)] | None = None
+    """Queue the reports are published to; default ``<worker name>_queue_out``."""
+    worker_consumer_timeout_s: PositiveSeconds = 1800.0
+    """The broker's ``consumer_timeout`` (RabbitMQ's default: 30 min), for the budget check."""
+    worker_max_message_bytes: Annotated[int, Field(ge=1024, le=512 * 1024 * 1024)] = (
+        16 * 1024 * 1024
+    )
+    """Largest inbound body accepted, in bytes; a larger one is a poison message."""
+
+    # --- tasks --------------------------------------------------------------------------------
+    worker_mode: WorkerMode = WorkerMode.SERVICE
+    """``service`` (a long-lived consumer) or ``job`` (stop after the quota)."""
+    worker_concurrency: Annotated[int, Field(ge=1, le=10_000)] = 1
+    """Tasks run at once; also the prefetch (service mode) and the thread pool's size."""
+    worker_task_timeout_s: PositiveSeconds | None = None
+    """Overrides the ``@worker.task(timeout=...)`` of the code, in seconds."""
+    worker_delivery_limit: Annotated[int, Field(ge=1, le=1000)] = 5
+    """Attempts a task gets; a ``RetryableError`` on the last one concludes the task."""
+    worker_retry_backoff_s: NonNegativeSeconds = 1.0
+    """First retry backoff, in seconds; doubles with each attempt."""
+    worker_retry_backoff_max_s: NonNegativeSeconds = 30.0
+    """Cap of every retry backoff, in seconds (``retry_delay_s`` included)."""
+    worker_progress_min_interval_s: NonNegativeSeconds = 1.0
+    """At most one ``progress`` report per this many seconds per task."""
+
+    # --- lifecycle ----------------------------------------------------------------------------
+    worker_shutdown_grace_s: NonNegativeSeconds = 25.0
+    """Time in-flight tasks get to finish after SIGTERM before they are requeued."""
+    worker_shutdown_hooks_timeout_s: NonNegativeSeconds = 5.0
+    """Time all ``on_shutdown`` hooks get together."""
+    worker_job_max_deliveries: Annotated[int, Field(ge=1)] = 1
+    """Job mode: deliveries taken before the job stops consuming (the quota)."""
+    worker_job_idle_timeout_s: PositiveSeconds = 30.0
+    """Job mode: exit 0 after this long without a delivery."""
+    worker_job_connect_timeout_s: PositiveSeconds = 30.0
+    """Job mode: exit 1 if the broker cannot be reached within this time."""
+
+    # --- observability ------------------------------------------------------------------------
+    health_check_host: Annotated[str, Field(min_length=1)] = "0.0.0.0"  # noqa: S104 - a pod's probe port
+    """Address the probes server binds."""
+    health_check_port: Annotated[int, Field(ge=0, le=65535)] = 8083
+    """Port of the probes server (``/health``, ``/ready``, ``/metrics``); 0 picks a free one."""
+    log_level: LogLevel = LogLevel.INFO
+    """Level of the SDK's JSON logs."""
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """Read the constructor's values, then the environment; no ``.env`` or secrets dir."""
+        return (init_settings, env_settings)
+
+    def in_queue(self, service: str) -> str:
+        """The input queue's name for the worker ``service``."""
+        return self.in_queue_name or f"{service}_queue_in"
+
+    def out_queue(self, service: str) -> str:
+        """The output queue's name for the worker ``service``."""
+        return self.out_queue_name or f"{service}_queue_out"
+
+    def task_timeout_s(self, declared_s: float) -> float:
+        """The effective task timeout: ``WORKER_TASK_TIMEOUT_S`` if set, else the declared one."""
+        return self.worker_task_timeout_s if self.worker_task_timeout_s is not None else declared_s
+
+
+class _ValuesOnlySettings(WorkerSettings):
+    """The same settings built from given values only: no environment variable is read."""
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """Read the constructor's values and nothing else."""
+        return (init_settings,)
+
+
+def load_settings(
+    values: Mapping[str, Any] | None = None, *, read_environment: bool = True
+) -> WorkerSettings:
+    """Build and validate the settings.
+
+    Args:
+        values: field values (``{"worker_delivery_limit": 3}``); they win over the environment.
+        read_environment: read the environment variables too (``False`` in the test harness).
+
+    Returns:
+        The validated settings.
+
+    Raises:
+        SettingsError: a value is invalid or unknown. The message is one line naming the
+            variable and the rule it breaks, never the value (a URL may hold a password).
+    """
+    cls = WorkerSettings if read_environment else _ValuesOnlySettings
+    try:
+        return cls(**dict(values or {}))
+    except ValidationError as exc:
+        first = exc.errors(include_url=False, include_input=False)[0]
+        name = ".".join(str(part) for part in first["loc"]).upper() or "settings"
+        more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+        raise SettingsError(f"invalid setting {name}: {first['msg']}{more}") from None
+
+
+def check_time_budget(settings: WorkerSettings, declared_timeout_s: float) -> float:
+    """Check that a task can always be settled before the broker's consumer timeout.
+
+    Rule (RabbitMQ closes the channel of a delivery left unacked past ``consumer_timeout``):
+    ``task timeout + WORKER_RETRY_BACKOFF_MAX_S + 60 s < WORKER_CONSUMER_TIMEOUT_S``.
+
+    Args:
+        settings: the worker's settings.
+        declared_timeout_s: the ``@worker.task(timeout=...)`` value, in seconds.
+
+    Returns:
+        The effective task timeout, in seconds.
+
+    Raises:
+        TimeBudgetError: the rule does not hold; the one-line message gives the numbers.
+    """
+    timeout_s = settings.task_timeout_s(declared_timeout_s)
+    needed_s = timeout_s + settings.worker_retry_backoff_max_s + CONSUMER_TIMEOUT_MARGIN_S
+    if not needed_s < settings.worker_consumer_timeout_s or not math.isfinite(needed_s):
+        raise TimeBudgetError(
+            f"task timeout {timeout_s:g} s + WORKER_RETRY_BACKOFF_MAX_S "
+            f"{settings.worker_retry_backoff_max_s:g} s + {CONSUMER_TIMEOUT_MARGIN_S:g} s = "
+            f"{needed_s:g} s must be under WORKER_CONSUMER_TIMEOUT_S "
+            f"{settings.worker_consumer_timeout_s:g} s"
+        )
+    return timeout_s

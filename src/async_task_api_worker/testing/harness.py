@@ -1,0 +1,249 @@
+"""Run a worker's task in memory through the real engine: no broker, no Docker.
+
+Source: seed, "Testing your worker". Decoding, the time limit, retries, error mapping and
+acknowledgements are the production code's; only the broker is the in-memory one, and retry
+backoffs are a millisecond.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from async_task_api_worker.definition import HandlerKind, Worker
+from async_task_api_worker.engine import Engine
+from async_task_api_worker.executors import InlineExecutor, ThreadExecutor
+from async_task_api_worker.ports import Action, EngineEvent, Executor, Settlement
+from async_task_api_worker.protocol.encoding import canonical_dumps
+from async_task_api_worker.protocol.envelope import PROTOCOL_VERSION, InputRef
+from async_task_api_worker.protocol.reports import (
+    FailureReport,
+    ProgressReport,
+    ReportError,
+    StartedReport,
+    SuccessReport,
+    decode_report,
+)
+from async_task_api_worker.settings import check_time_budget, load_settings
+from async_task_api_worker.transports.memory import InMemoryTransport
+
+__all__ = ["Outcome", "TaskRun", "WorkerHarness"]
+
+#: The harness's retry backoffs: a millisecond, so that retry tests run fast.
+HARNESS_BACKOFF_S = 0.001
+
+AnyReport = StartedReport | ProgressReport | SuccessReport | FailureReport
+
+
+class Outcome(StrEnum):
+    """How the broker was told to settle a delivery."""
+
+    ACKED = "acked"
+    """Acked: the task concluded (success or failure report confirmed)."""
+    NACKED_REQUEUE = "nacked_requeue"
+    """Requeued: a retry, a publish that was not confirmed, or a give-back at shutdown."""
+    REJECTED = "rejected"
+    """Rejected without requeue (dead-lettered): a poison body with no usable task id."""
+
+
+_OUTCOME_OF_ACTION = {
+    Action.ACK: Outcome.ACKED,
+    Action.CONCLUDE: Outcome.ACKED,
+    Action.NACK_REQUEUE: Outcome.NACKED_REQUEUE,
+    Action.REJECT: Outcome.REJECTED,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class TaskRun:
+    """What one delivery produced.
+
+    Attributes:
+        task_id: the envelope's task id, or ``None`` for bytes that do not carry a valid one.
+        messages: the published reports, decoded, in order.
+        raw: the published reports' bytes, in order.
+        outcome: how the delivery was settled.
+        settlement: the engine's full decision (outcome, action, code, attempt...).
+    """
+
+    task_id: str | None
+    messages: tuple[AnyReport, ...]
+    raw: tuple[bytes, ...]
+    outcome: Outcome
+    settlement: Settlement
+
+    @property
+    def message_types(self) -> tuple[str, ...]:
+        """The published reports' types, in order (``("started", "progress", "success")``)."""
+        return tuple(message.type for message in self.messages)
+
+    @property
+    def response(self) -> dict[str, Any] | None:
+        """The ``success`` report's response, or ``None``."""
+        for message in self.messages:
+            if isinstance(message, SuccessReport):
+                return message.response
+        return None
+
+    @property
+    def error(self) -> ReportError | None:
+        """The ``failure`` report's error (``code``, ``message``), or ``None``."""
+        for message in self.messages:
+            if isinstance(message, FailureReport):
+                return message.error
+        return None
+
+    def assert_succeeded(self) -> None:
+        """Assert that a ``success`` report was published and the delivery acked.
+
+        Raises:
+            AssertionError: with what happened instead.
+        """
+        if self.response is None or self.outcome is not Outcome.ACKED:
+            raise AssertionError(f"expected a success, got {self._story()}")
+
+    def assert_failed(self, code: str | None = None) -> None:
+        """Assert that a ``failure`` report (with ``code``, if given) was published.
+
+        Raises:
+            AssertionError: with what happened instead.
+        """
+        if self.error is None or (code is not None and self.error.code != code):
+            wanted = f"a failure with code {code}" if code else "a failure"
+            raise AssertionError(f"expected {wanted}, got {self._story()}")
+
+    def _story(self) -> str:
+        error = f" error={self.error.code}: {self.error.message}" if self.error else ""
+        return f"reports={list(self.message_types)} outcome={self.outcome.value}{error}"
+
+
+class WorkerHarness:
+    """Runs a worker's task in memory, one submitted delivery at a time.
+
+    Example::
+
+        async with WorkerHarness(worker) as harness:
+            run = await harness.submit({"text": "hello big world"})
+        run.assert_succeeded()
+
+    Args:
+        worker: the worker to test.
+        settings_overrides: ``WorkerSettings`` field values (``{"worker_task_timeout_s": 0.1}``).
+            No environment variable is read; the time budget is checked as at startup. Retry
+            backoffs default to a millisecond; every other setting is the production default.
+
+    Raises:
+        NoTaskError: the worker has no task.
+        SettingsError: an override is invalid (``TimeBudgetError`` for the time budget).
+    """
+
+    def __init__(
+        self, worker: Worker, *, settings_overrides: Mapping[str, Any] | None = None
+    ) -> None:
+        values: dict[str, Any] = {
+            "worker_retry_backoff_s": HARNESS_BACKOFF_S,
+            "worker_retry_backoff_max_s": HARNESS_BACKOFF_S,
+            **dict(settings_overrides or {}),
+        }
+        self.worker = worker
+        self.settings = load_settings(values, read_environment=False)
+        task = worker.task_definition
+        check_time_budget(self.settings, task.timeout_s)
+        self.transport = InMemoryTransport(prefetch=self.settings.worker_concurrency)
+        """The in-memory broker: its ``published``, ``acked`` and ``dead_letters``."""
+        self.events: list[EngineEvent] = []
+        """Every event the engine emitted (reports published, progress dropped...)."""
+        self._executor: Executor = (
+            InlineExecutor()
+            if task.kind is HandlerKind.ASYNC
+            else ThreadExecutor(self.settings.worker_concurrency)
+        )
+        self._engine = Engine(
+            worker, self.settings, self.transport, self._executor, observers=[self]
+        )
+        self._closed = False
+
+    def notify(self, event: EngineEvent) -> None:
+        """Record an engine event (the harness observes its own engine)."""
+        self.events.append(event)
+
+    async def __aenter__(self) -> WorkerHarness:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Release the executor (its threads); idempotent."""
+        if not self._closed:
+            self._closed = True
+            await self._executor.aclose()
+            await self.transport.close()
+
+    async def submit(
+        self,
+        task_input: Mapping[str, Any],
+        *,
+        client_id: str = "test-client",
+        input_refs: Sequence[InputRef | Mapping[str, Any]] = (),
+        delivery_count: int = 0,
+        task_id: str | None = None,
+    ) -> TaskRun:
+        """Build the envelope the API would publish, deliver it once, and return what happened.
+
+        Args:
+            task_input: the task input (a JSON object).
+            client_id: the envelope's client id.
+            input_refs: input references, as :class:`InputRef` or plain mappings.
+            delivery_count: the broker's ``x-delivery-count`` for this delivery (0: the first);
+                the attempt is ``delivery_count + 1``.
+            task_id: the task id (default: a new UUID).
+
+        Returns:
+            The :class:`TaskRun`.
+        """
+        envelope = {
+            "protocol_version": PROTOCOL_VERSION,
+            "task_id": task_id or str(uuid.uuid4()),
+            "client_id": client_id,
+            "service": self.worker.name,
+            "input": dict(task_input),
+            "input_refs": [
+                ref.model_dump(exclude_none=True) if isinstance(ref, InputRef) else dict(ref)
+                for ref in input_refs
+            ],
+        }
+        return await self.submit_raw(canonical_dumps(envelope), delivery_count=delivery_count)
+
+    async def submit_raw(self, body: bytes, *, delivery_count: int = 0) -> TaskRun:
+        """Deliver ``body`` as it is (a poison message, a hand-made envelope) once.
+
+        Raises:
+            RuntimeError: the harness is closed.
+        """
+        if self._closed:
+            raise RuntimeError("the harness is closed")
+        message = self.transport.put(body, delivery_count=delivery_count)
+        delivery = self.transport.take(message.message_id)
+        if delivery is None:  # pragma: no cover - just put, and only this call takes it
+            raise RuntimeError("the submitted message vanished from the in-memory queue")
+        settlement = await self._engine.handle(delivery)
+        raw = tuple(
+            item.report.body
+            for item in self.transport.published
+            if item.message_id == message.message_id
+        )
+        return TaskRun(
+            task_id=settlement.task_id,
+            messages=tuple(decode_report(body) for body in raw),
+            raw=raw,
+            outcome=_OUTCOME_OF_ACTION[settlement.action],
+            settlement=settlement,
+        )
+
+    def fail_next_publish(self, type: str | None = None) -> None:  # noqa: A002 - the seed's name
+        """Make the next publish (of reports of ``type``, or of any) fail once."""
+        self.transport.fail_next_publish(type)

@@ -1,0 +1,270 @@
+"""An in-memory broker and transport: a real :class:`~async_task_api_worker.ports.Transport`.
+
+It behaves like a RabbitMQ quorum queue where it matters to the engine: each message has a
+delivery count (``x-delivery-count``, absent on the first delivery), a requeue puts it back at
+the head, a prefetch bounds the unacked deliveries, a queue delivery limit drops a message to
+the dead letters, publishes are confirmed (or fail, on request). With ``count_deliveries=False``
+it behaves like a classic queue: only the redelivered flag is set.
+
+It backs the test harness and the ``dev`` command, and runs the same engine as production.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from async_task_api_worker.errors import PublishError, SettleError
+from async_task_api_worker.ports import Delivery
+from async_task_api_worker.protocol.reports import EncodedReport
+
+__all__ = ["DeadLetter", "InMemoryTransport", "PublishedReport", "QueuedMessage"]
+
+
+@dataclass(slots=True)
+class QueuedMessage:
+    """A message in the in-memory queue.
+
+    Attributes:
+        body: the body bytes.
+        headers: the message headers, as published.
+        delivery_count: how many times the message was handed out and came back.
+        redelivered: whether it was handed out before.
+        message_id: the queue's own id for the message, from 1.
+    """
+
+    body: bytes
+    headers: dict[str, Any] = field(default_factory=dict)
+    delivery_count: int = 0
+    redelivered: bool = False
+    message_id: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class PublishedReport:
+    """A report the broker confirmed, with the id of the message it was about."""
+
+    report: EncodedReport
+    message_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    """A message that left the queue without an ack.
+
+    ``reason`` is ``rejected`` or ``delivery_limit`` (RabbitMQ's ``x-first-death-reason``).
+    """
+
+    message: QueuedMessage
+    reason: str
+
+
+class InMemoryTransport:
+    """An in-memory queue with publisher confirms, for the harness and ``dev``.
+
+    Args:
+        prefetch: the most unacked deliveries handed out at once.
+        count_deliveries: ``True`` for a quorum queue (deliveries carry a count), ``False`` for
+            a classic queue (``delivery_count`` is ``None``, only ``redelivered`` is set).
+        queue_delivery_limit: the queue's own ``delivery-limit`` policy: a message requeued
+            more times than this goes to :attr:`dead_letters`. ``None``: no limit.
+    """
+
+    def __init__(
+        self,
+        *,
+        prefetch: int = 1,
+        count_deliveries: bool = True,
+        queue_delivery_limit: int | None = None,
+    ) -> None:
+        self._prefetch = prefetch
+        self._count_deliveries = count_deliveries
+        self._queue_delivery_limit = queue_delivery_limit
+        self._ready: deque[QueuedMessage] = deque()
+        self._unacked: dict[int, QueuedMessage] = {}
+        self._ids = itertools.count(1)
+        self._changed = asyncio.Event()
+        self._consuming = False
+        self._closed = False
+        self._fail_publishes: list[str | None] = []
+        self.published: list[PublishedReport] = []
+        """Every confirmed report, in publish order."""
+        self.dead_letters: list[DeadLetter] = []
+        """Messages rejected or dropped by the queue's delivery limit."""
+        self.acked: list[QueuedMessage] = []
+        """Messages acked, in order."""
+
+    # ------------------------------------------------------------------ the producer side
+
+    @property
+    def delivery_count_known(self) -> bool:
+        """Whether deliveries carry a count (a quorum queue) or not (a classic queue)."""
+        return self._count_deliveries
+
+    def put(
+        self, body: bytes, headers: Mapping[str, Any] | None = None, *, delivery_count: int = 0
+    ) -> QueuedMessage:
+        """Enqueue a message (at the tail), as a producer's publish would.
+
+        Args:
+            body: the body bytes.
+            headers: optional message headers.
+            delivery_count: start the message as if it had been delivered this many times.
+
+        Returns:
+            The queued message.
+        """
+        message = QueuedMessage(
+            bytes(body),
+            dict(headers or {}),
+            delivery_count=delivery_count,
+            redelivered=delivery_count > 0,
+            message_id=next(self._ids),
+        )
+        self._ready.append(message)
+        self._wake()
+        return message
+
+    def fail_next_publish(self, report_type: str | None = None) -> None:
+        """Make the next publish of ``report_type`` (or of any type) fail once."""
+        self._fail_publishes.append(report_type)
+
+    @property
+    def ready_count(self) -> int:
+        """Messages waiting in the queue."""
+        return len(self._ready)
+
+    @property
+    def unacked_count(self) -> int:
+        """Messages handed out and not yet settled."""
+        return len(self._unacked)
+
+    async def join(self) -> None:
+        """Wait until the queue is empty and every delivery settled (no polling)."""
+        await self._wait_for(lambda: not self._ready and not self._unacked)
+
+    async def _wait_for(self, condition: Callable[[], object]) -> None:
+        # No await between the check and the wait: a wake-up cannot be lost.
+        while not condition():
+            self._changed.clear()
+            await self._changed.wait()
+
+    # ------------------------------------------------------------------ the Transport
+
+    async def connect(self) -> None:
+        """Nothing to connect to; marks the transport as consuming."""
+        self._consuming = True
+
+    def take(self, message_id: int | None = None) -> Delivery | None:
+        """Hand out a message now: the one at the head, or the one with ``message_id``.
+
+        Returns:
+            The delivery, or ``None`` if there is no such message ready.
+        """
+        if message_id is None:
+            if not self._ready:
+                return None
+            message = self._ready.popleft()
+        else:
+            found = [queued for queued in self._ready if queued.message_id == message_id]
+            if not found:
+                return None
+            message = found[0]
+            self._ready.remove(message)
+        self._unacked[message.message_id] = message
+        headers = dict(message.headers)
+        if self._count_deliveries and message.delivery_count:
+            headers["x-delivery-count"] = message.delivery_count
+        return Delivery(
+            body=message.body,
+            headers=headers,
+            delivery_count=message.delivery_count if self._count_deliveries else None,
+            redelivered=message.redelivered,
+            handle=message.message_id,
+        )
+
+    async def deliveries(self) -> AsyncIterator[Delivery]:
+        """Yield deliveries while consuming, at most ``prefetch`` unacked at once."""
+        self._consuming = True
+        while True:
+            await self._wait_for(
+                lambda: not self._consuming or (self._ready and len(self._unacked) < self._prefetch)
+            )
+            if not self._consuming:
+                return
+            delivery = self.take()
+            if delivery is not None:
+                yield delivery
+
+    async def stop_consuming(self) -> None:
+        """End :meth:`deliveries`; unacked deliveries can still be settled."""
+        self._consuming = False
+        self._wake()
+
+    async def publish(self, delivery: Delivery, report: EncodedReport) -> None:
+        """Record ``report`` as confirmed, unless a failure was requested for it.
+
+        Raises:
+            PublishError: :meth:`fail_next_publish` asked for this one to fail.
+        """
+        for index, wanted in enumerate(self._fail_publishes):
+            if wanted is None or wanted == report.type:
+                del self._fail_publishes[index]
+                raise PublishError(f"injected failure of the {report.type} publish")
+        self.published.append(PublishedReport(report, int(delivery.handle or 0)))
+
+    def _settle(self, delivery: Delivery) -> QueuedMessage:
+        message = self._unacked.pop(int(delivery.handle or 0), None)
+        if message is None:
+            raise SettleError("unknown delivery (already settled?)")
+        return message
+
+    async def ack(self, delivery: Delivery) -> None:
+        """Remove the message.
+
+        Raises:
+            SettleError: the delivery was already settled.
+        """
+        self.acked.append(self._settle(delivery))
+        self._wake()
+
+    async def requeue(self, delivery: Delivery, *, count_attempt: bool) -> None:
+        """Put the message back at the head.
+
+        A counted requeue adds one to its delivery count; a give-back does not (RabbitMQ 4.3+
+        semantics for ``basic.reject`` and ``basic.nack``).
+
+        Raises:
+            SettleError: the delivery was already settled.
+        """
+        message = self._settle(delivery)
+        message.redelivered = True
+        if count_attempt:
+            message.delivery_count += 1
+        limit = self._queue_delivery_limit
+        if limit is not None and message.delivery_count > limit:
+            self.dead_letters.append(DeadLetter(message, "delivery_limit"))
+        else:
+            self._ready.appendleft(message)
+        self._wake()
+
+    async def reject(self, delivery: Delivery) -> None:
+        """Drop the message to :attr:`dead_letters`.
+
+        Raises:
+            SettleError: the delivery was already settled.
+        """
+        self.dead_letters.append(DeadLetter(self._settle(delivery), "rejected"))
+        self._wake()
+
+    async def close(self) -> None:
+        """Stop consuming; idempotent."""
+        self._closed = True
+        await self.stop_consuming()
+
+    def _wake(self) -> None:
+        self._changed.set()

@@ -1,0 +1,285 @@
+"""Shutdown, cancellation, classic queues, and settles that fail: still one settlement each."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import pytest
+from pydantic import BaseModel
+
+from async_task_api_worker import RetryableError, TaskContext, Worker
+from async_task_api_worker.engine import Engine, StopSignal
+from async_task_api_worker.engine.engine import retry_backoff_s
+from async_task_api_worker.errors import SettleError
+from async_task_api_worker.executors import InlineExecutor
+from async_task_api_worker.ports import (
+    AckFailed,
+    Action,
+    Delivery,
+    DeliverySettled,
+    EngineEvent,
+    Outcome,
+    Settlement,
+    TaskStarted,
+)
+from async_task_api_worker.settings import load_settings
+from async_task_api_worker.transports.memory import InMemoryTransport
+from tests.conftest import decision_records
+
+BODY = b'{"protocol_version":1,"task_id":"t-1","client_id":"c","service":"svc","input":{}}'
+
+
+class Input(BaseModel):
+    pass
+
+
+class Output(BaseModel):
+    ok: bool = True
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.events: list[EngineEvent] = []
+
+    def notify(self, event: EngineEvent) -> None:
+        self.events.append(event)
+
+
+def blocking_worker(entered: asyncio.Event, cancelled: list[bool]) -> Worker:
+    worker = Worker("svc")
+
+    @worker.task(timeout=60)
+    async def handle(task_input: Input, ctx: TaskContext) -> Output:
+        await ctx.progress(0.1)
+        entered.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cancelled.append(True)
+            raise
+        return Output()
+
+    return worker
+
+
+def retry_worker(retry_delay_s: float | None = None) -> Worker:
+    worker = Worker("svc")
+
+    @worker.task(timeout=60)
+    async def handle(task_input: Input, ctx: TaskContext) -> Output:
+        raise RetryableError(retry_delay_s=retry_delay_s)
+
+    return worker
+
+
+def build(
+    worker: Worker,
+    transport: InMemoryTransport | None = None,
+    observers: list[Recorder] | None = None,
+    **settings: object,
+) -> tuple[Engine, InMemoryTransport]:
+    transport = transport or InMemoryTransport()
+    engine = Engine(
+        worker,
+        load_settings(settings, read_environment=False),
+        transport,
+        InlineExecutor(),
+        observers=observers or [],
+    )
+    return engine, transport
+
+
+def deliver(transport: InMemoryTransport, body: bytes = BODY, **kwargs: int) -> Delivery:
+    transport.put(body, **kwargs)
+    delivery = transport.take()
+    assert delivery is not None
+    return delivery
+
+
+async def test_abort_gives_the_delivery_back_uncounted_with_no_failure_report(
+    decisions: pytest.LogCaptureFixture,
+) -> None:
+    entered, cancelled = asyncio.Event(), []
+    engine, transport = build(blocking_worker(entered, cancelled))
+    stop = StopSignal()
+    handling = asyncio.create_task(engine.handle(deliver(transport), stop))
+    await entered.wait()
+    stop.aborted.cancel("grace period over")
+    settlement = await handling
+    assert (settlement.outcome, settlement.action) == (
+        Outcome.SHUTDOWN_REQUEUED,
+        Action.NACK_REQUEUE,
+    )
+    assert settlement.requeue_counted is False
+    assert cancelled == [True]
+    assert [p.report.type for p in transport.published] == ["started"]  # no progress, no failure
+    [message] = transport._ready
+    assert message.delivery_count == 0  # a give-back does not burn an attempt
+    assert message.redelivered is True
+    [line] = decision_records(decisions)
+    assert "outcome=shutdown_requeued action=nack-requeue" in line.getMessage()
+
+
+async def test_a_delivery_cancel_stops_the_handler_and_publishes_nothing_more() -> None:
+    entered, cancelled = asyncio.Event(), []
+    engine, transport = build(blocking_worker(entered, cancelled))
+    delivery = deliver(transport)
+    handling = asyncio.create_task(engine.handle(delivery))
+    await entered.wait()
+    delivery.cancel_token.cancel("task token is stale")
+    delivery.cancel_token.cancel("twice is harmless")
+    settlement = await handling
+    assert (settlement.outcome, settlement.action) == (Outcome.CANCELLED, Action.CONCLUDE)
+    assert delivery.cancel_token.reason == "task token is stale"
+    assert cancelled == [True]
+    assert [p.report.type for p in transport.published] == ["started"]
+
+
+async def test_cancelling_the_caller_gives_the_delivery_back_and_propagates() -> None:
+    entered, cancelled = asyncio.Event(), []
+    engine, transport = build(blocking_worker(entered, cancelled))
+    handling = asyncio.create_task(engine.handle(deliver(transport)))
+    await entered.wait()
+    handling.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await handling
+    assert cancelled == [True]
+    assert transport.ready_count == 1 and transport.unacked_count == 0
+    assert transport._ready[0].delivery_count == 0
+
+
+async def test_draining_cuts_a_retry_backoff_short_and_still_counts_the_attempt() -> None:
+    engine, transport = build(
+        retry_worker(), worker_retry_backoff_s=600, worker_retry_backoff_max_s=600
+    )
+    stop = StopSignal()
+    handling = asyncio.create_task(engine.handle(deliver(transport), stop))
+    while not transport.published:
+        await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    stop.draining.cancel("SIGTERM")
+    settlement = await asyncio.wait_for(handling, timeout=5)
+    assert settlement.outcome is Outcome.RETRY
+    assert settlement.requeue_counted is True
+    assert transport._ready[0].delivery_count == 1
+
+
+async def test_a_retry_after_the_drain_started_does_not_wait() -> None:
+    engine, transport = build(retry_worker(retry_delay_s=600), worker_retry_backoff_max_s=600)
+    stop = StopSignal()
+    stop.draining.cancel("SIGTERM")
+    settlement = await asyncio.wait_for(engine.handle(deliver(transport), stop), timeout=5)
+    assert settlement.outcome is Outcome.RETRY
+
+
+def test_the_backoff_doubles_per_attempt_and_is_capped() -> None:
+    settings = load_settings(
+        {"worker_retry_backoff_s": 1, "worker_retry_backoff_max_s": 5}, read_environment=False
+    )
+    error = RetryableError()
+    assert [retry_backoff_s(n, error, settings, 1.0) for n in range(1, 6)] == [1, 2, 4, 5, 5]
+    assert retry_backoff_s(2, error, settings, 0.5) == 1
+    assert retry_backoff_s(1, RetryableError(retry_delay_s=3), settings, 1.0) == 3
+    assert retry_backoff_s(1, RetryableError(retry_delay_s=60), settings, 1.0) == 5
+
+
+async def test_a_classic_queue_gets_one_retry_then_concludes_with_a_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="async_task_api_worker")
+    engine, transport = build(retry_worker(), InMemoryTransport(count_deliveries=False))
+    transport.put(BODY)
+    first = await engine.handle(transport.take())  # type: ignore[arg-type]
+    second_delivery = transport.take()
+    assert second_delivery is not None
+    assert second_delivery.delivery_count is None and second_delivery.redelivered
+    second = await engine.handle(second_delivery)
+    assert (first.outcome, first.attempt, first.delivery_limit) == (Outcome.RETRY, 1, 2)
+    assert (second.outcome, second.code, second.attempt) == (Outcome.FAILURE, "TRANSIENT_ERROR", 2)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("gives no delivery count" in message for message in warnings)
+
+
+class FailingSettleTransport(InMemoryTransport):
+    async def ack(self, delivery: Delivery) -> None:
+        raise SettleError("channel closed") from ConnectionResetError()
+
+
+async def test_a_failed_ack_is_recorded_not_raised(decisions: pytest.LogCaptureFixture) -> None:
+    worker = Worker("svc")
+
+    @worker.task(timeout=5)
+    async def handle(task_input: Input, ctx: TaskContext) -> Output:
+        return Output()
+
+    recorder = Recorder()
+    engine, transport = build(worker, FailingSettleTransport(), [recorder])
+    settlement = await engine.handle(deliver(transport))
+    assert settlement.outcome is Outcome.SUCCESS
+    assert settlement.settled is False
+    assert any(isinstance(e, AckFailed) for e in recorder.events)
+    assert len(decision_records(decisions)) == 1
+    warnings = [r.getMessage() for r in decisions.records if r.levelno == logging.WARNING]
+    assert any("ConnectionResetError" in w and "reported twice" in w for w in warnings)
+
+
+class BrokenObserver:
+    def notify(self, event: EngineEvent) -> None:
+        raise RuntimeError("observer bug")
+
+
+async def test_a_failing_observer_is_logged_and_never_fatal(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    worker = Worker("svc")
+
+    @worker.task(timeout=5)
+    async def handle(task_input: Input, ctx: TaskContext) -> Output:
+        return Output()
+
+    recorder = Recorder()
+    engine = Engine(
+        worker,
+        load_settings({}, read_environment=False),
+        transport := InMemoryTransport(),
+        InlineExecutor(),
+        observers=[BrokenObserver(), recorder],  # type: ignore[list-item]
+    )
+    settlement = await engine.handle(deliver(transport))
+    assert settlement.outcome is Outcome.SUCCESS
+    assert any(isinstance(e, TaskStarted) for e in recorder.events)
+    [settled] = [e for e in recorder.events if isinstance(e, DeliverySettled)]
+    assert settled.handler_ran is True and settled.duration_s >= 0
+    assert any("Observer" in r.getMessage() and r.levelno == logging.ERROR for r in caplog.records)
+
+
+class ExplodingTransport(InMemoryTransport):
+    async def publish(self, delivery: Delivery, report: object) -> None:  # type: ignore[override]
+        raise ZeroDivisionError("a bug in an adapter")
+
+
+async def test_an_engine_error_requeues_counted_and_logs_once(
+    decisions: pytest.LogCaptureFixture,
+) -> None:
+    worker = Worker("svc")
+
+    @worker.task(timeout=5)
+    async def handle(task_input: Input, ctx: TaskContext) -> Output:
+        return Output()
+
+    engine, transport = build(worker, ExplodingTransport())
+    settlement = await engine.handle(deliver(transport))
+    assert (settlement.outcome, settlement.action, settlement.requeue_counted) == (
+        Outcome.ENGINE_ERROR,
+        Action.NACK_REQUEUE,
+        True,
+    )
+    assert len(decision_records(decisions)) == 1
+    assert transport._ready[0].delivery_count == 1
+
+
+def test_settlement_is_a_frozen_record() -> None:
+    settlement = Settlement(Outcome.SUCCESS, Action.ACK, None, "t", 1, 5)
+    with pytest.raises(AttributeError):
+        settlement.code = "X"  # type: ignore[misc]

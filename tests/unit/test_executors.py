@@ -1,0 +1,120 @@
+"""Executors run handlers under their deadline; a thread that cannot stop is reported."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+from pydantic import BaseModel
+
+from async_task_api_worker.errors import TaskTimeoutError
+from async_task_api_worker.executors import InlineExecutor, ThreadExecutor
+from async_task_api_worker.ports import ExecutionRequest
+from async_task_api_worker.testing import make_sync_task_context, make_task_context
+
+
+class Model(BaseModel):
+    pass
+
+
+def request(handler: object, timeout_s: float = 5.0, task_id: str = "t") -> ExecutionRequest:
+    return ExecutionRequest(
+        handler=handler,  # type: ignore[arg-type]
+        task_input=Model(),
+        raw_input={},
+        context=make_task_context(),
+        timeout_s=timeout_s,
+        task_id=task_id,
+    )
+
+
+async def test_inline_returns_the_handlers_value() -> None:
+    async def handler(task_input: Model, ctx: object) -> int:
+        return 7
+
+    assert await InlineExecutor().execute(request(handler)) == 7
+
+
+async def test_inline_raises_task_timeout_at_the_deadline() -> None:
+    async def handler(task_input: Model, ctx: object) -> None:
+        await asyncio.Event().wait()
+
+    with pytest.raises(TaskTimeoutError):
+        await InlineExecutor().execute(request(handler, timeout_s=0.01))
+
+
+async def test_threads_past_their_deadline_are_reported_until_they_finish() -> None:
+    release = threading.Event()
+    finished = threading.Event()
+
+    def handler(task_input: Model, ctx: object) -> str:
+        release.wait(10)
+        finished.set()
+        return "late"
+
+    executor = ThreadExecutor(max_threads=2)
+    req = ExecutionRequest(
+        handler=handler,
+        task_input=Model(),
+        raw_input={},
+        context=make_sync_task_context(),
+        timeout_s=0.01,
+        task_id="slow",
+    )
+    with pytest.raises(TaskTimeoutError):
+        await executor.execute(req)
+    assert executor.stuck_task_ids == ("slow",)
+    release.set()
+    await asyncio.get_running_loop().run_in_executor(None, finished.wait, 5)
+    for _ in range(100):
+        if not executor.stuck_task_ids:
+            break
+        await asyncio.sleep(0.01)
+    assert executor.stuck_task_ids == ()
+    await executor.aclose()
+
+
+async def test_a_cancelled_thread_task_is_reported_stuck() -> None:
+    release = threading.Event()
+    started = threading.Event()
+
+    def handler(task_input: Model, ctx: object) -> None:
+        started.set()
+        release.wait(10)
+
+    executor = ThreadExecutor(max_threads=1)
+    req = ExecutionRequest(
+        handler=handler,
+        task_input=Model(),
+        raw_input={},
+        context=make_sync_task_context(),
+        timeout_s=30,
+        task_id="drained",
+    )
+    running = asyncio.create_task(executor.execute(req))
+    await asyncio.get_running_loop().run_in_executor(None, started.wait, 5)
+    running.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await running
+    assert executor.stuck_task_ids == ("drained",)
+    release.set()
+    await executor.aclose()
+
+
+async def test_a_thread_raising_timeout_error_itself_is_not_a_task_timeout() -> None:
+    def handler(task_input: Model, ctx: object) -> None:
+        raise TimeoutError("socket")
+
+    executor = ThreadExecutor(max_threads=1)
+    req = ExecutionRequest(
+        handler=handler,
+        task_input=Model(),
+        raw_input={},
+        context=make_sync_task_context(),
+        timeout_s=5,
+        task_id="t",
+    )
+    with pytest.raises(TimeoutError, match="socket"):
+        await executor.execute(req)
+    await executor.aclose()

@@ -1,0 +1,146 @@
+"""Settings: environment variables, defaults, one-line errors, the time-budget rule."""
+
+from __future__ import annotations
+
+import pytest
+
+from async_task_api_worker.errors import SettingsError, TimeBudgetError
+from async_task_api_worker.settings import (
+    LogLevel,
+    WorkerMode,
+    WorkerSettings,
+    check_time_budget,
+    load_settings,
+)
+
+
+def test_defaults_match_the_documented_table() -> None:
+    settings = load_settings(read_environment=False)
+    assert settings.broker_url.get_secret_value() == "amqp://guest:guest@localhost:5672/"
+    assert settings.worker_mode is WorkerMode.SERVICE
+    assert settings.worker_concurrency == 1
+    assert settings.worker_task_timeout_s is None
+    assert settings.worker_delivery_limit == 5
+    assert settings.worker_retry_backoff_s == 1.0
+    assert settings.worker_retry_backoff_max_s == 30.0
+    assert settings.worker_consumer_timeout_s == 1800.0
+    assert settings.worker_progress_min_interval_s == 1.0
+    assert settings.worker_shutdown_grace_s == 25.0
+    assert settings.worker_shutdown_hooks_timeout_s == 5.0
+    assert settings.worker_job_max_deliveries == 1
+    assert settings.worker_job_idle_timeout_s == 30.0
+    assert settings.worker_job_connect_timeout_s == 30.0
+    assert settings.worker_max_message_bytes == 16 * 1024 * 1024
+    assert (settings.health_check_host, settings.health_check_port) == ("0.0.0.0", 8083)
+    assert settings.log_level is LogLevel.INFO
+
+
+def test_every_setting_is_read_from_its_upper_case_variable(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("BROKER_URL", "amqp://u:p@broker:5672/vh")
+    monkeypatch.setenv("IN_QUEUE_NAME", "in-q")
+    monkeypatch.setenv("OUT_QUEUE_NAME", "out-q")
+    monkeypatch.setenv("WORKER_MODE", "job")
+    monkeypatch.setenv("WORKER_CONCURRENCY", "4")
+    monkeypatch.setenv("WORKER_TASK_TIMEOUT_S", "12.5")
+    monkeypatch.setenv("LOG_LEVEL", "DEBUG")
+    settings = load_settings()
+    assert settings.broker_url.get_secret_value() == "amqp://u:p@broker:5672/vh"
+    assert (settings.in_queue("svc"), settings.out_queue("svc")) == ("in-q", "out-q")
+    assert settings.worker_mode is WorkerMode.JOB
+    assert settings.worker_concurrency == 4
+    assert settings.task_timeout_s(30) == 12.5
+    assert settings.log_level is LogLevel.DEBUG
+
+
+def test_queue_names_default_to_the_service_name() -> None:
+    settings = load_settings(read_environment=False)
+    assert settings.in_queue("count-words") == "count-words_queue_in"
+    assert settings.out_queue("count-words") == "count-words_queue_out"
+    assert settings.task_timeout_s(30) == 30
+
+
+def test_the_broker_password_never_shows_in_the_settings_repr() -> None:
+    settings = load_settings({"broker_url": "amqp://u:hunter2@h/"}, read_environment=False)
+    assert "hunter2" not in repr(settings)
+    assert "hunter2" not in str(settings)
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "expected"),
+    [
+        ("WORKER_DELIVERY_LIMIT", "0", "invalid setting WORKER_DELIVERY_LIMIT: "),
+        ("WORKER_CONCURRENCY", "many", "invalid setting WORKER_CONCURRENCY: "),
+        ("WORKER_MODE", "batch", "invalid setting WORKER_MODE: "),
+        ("WORKER_TASK_TIMEOUT_S", "-1", "invalid setting WORKER_TASK_TIMEOUT_S: "),
+        ("WORKER_SHUTDOWN_GRACE_S", "nan", "invalid setting WORKER_SHUTDOWN_GRACE_S: "),
+        ("HEALTH_CHECK_PORT", "70000", "invalid setting HEALTH_CHECK_PORT: "),
+        ("LOG_LEVEL", "LOUD", "invalid setting LOG_LEVEL: "),
+    ],
+)
+def test_a_bad_setting_is_one_line_naming_the_variable_not_the_value(
+    monkeypatch: pytest.MonkeyPatch, variable: str, value: str, expected: str
+) -> None:
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(SettingsError) as error:
+        load_settings()
+    message = str(error.value)
+    assert message.startswith(expected)
+    assert "\n" not in message
+    assert value not in message.removeprefix(expected).split(":")[0]
+
+
+def test_several_bad_settings_are_counted_on_the_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WORKER_DELIVERY_LIMIT", "0")
+    monkeypatch.setenv("WORKER_CONCURRENCY", "0")
+    with pytest.raises(SettingsError, match=r"\(and 1 more\)$"):
+        load_settings()
+
+
+def test_an_unknown_override_is_refused() -> None:
+    with pytest.raises(SettingsError, match="invalid setting WORKER_DELIVERY_LIMT"):
+        load_settings({"worker_delivery_limt": 3}, read_environment=False)
+
+
+def test_values_win_over_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WORKER_DELIVERY_LIMIT", "9")
+    assert load_settings({"worker_delivery_limit": 3}).worker_delivery_limit == 3
+    assert load_settings().worker_delivery_limit == 9
+    assert WorkerSettings().worker_delivery_limit == 9
+
+
+def test_the_settings_are_frozen() -> None:
+    settings = load_settings(read_environment=False)
+    with pytest.raises(ValueError, match="frozen"):
+        settings.worker_delivery_limit = 3  # type: ignore[misc]
+
+
+def test_the_budget_rule_holds_with_the_defaults_and_a_29_minute_task() -> None:
+    settings = load_settings(read_environment=False)
+    assert check_time_budget(settings, 1709.0) == 1709.0
+
+
+@pytest.mark.parametrize(
+    ("values", "declared_s"),
+    [
+        ({}, 1710.0),  # 1710 + 30 + 60 = 1800, not under 1800
+        ({"worker_task_timeout_s": 5000}, 10.0),  # the override is what counts
+        ({"worker_consumer_timeout_s": 100, "worker_retry_backoff_max_s": 30}, 10.0),
+    ],
+)
+def test_the_budget_rule_fails_with_the_numbers(
+    values: dict[str, float], declared_s: float
+) -> None:
+    settings = load_settings(values, read_environment=False)
+    with pytest.raises(TimeBudgetError) as error:
+        check_time_budget(settings, declared_s)
+    message = str(error.value)
+    assert "must be under WORKER_CONSUMER_TIMEOUT_S" in message
+    assert "\n" not in message
+    assert isinstance(error.value, SettingsError)
+
+
+def test_the_budget_uses_the_override_when_it_fits() -> None:
+    settings = load_settings({"worker_task_timeout_s": 10}, read_environment=False)
+    assert check_time_budget(settings, 5000.0) == 10.0
