@@ -247,13 +247,22 @@ class Engine:
             timeout_s=self._timeout_s,
             task_id=envelope.task_id,
         )
-        result = await execute(
-            self._executor,
-            request,
-            task_fields={"task_id": run.task_id, "service": self._service, "attempt": run.attempt},
-            stop=stop,
-            delivery_cancel=run.delivery.cancel_token,
-        )
+        try:
+            result = await execute(
+                self._executor,
+                request,
+                task_fields={
+                    "task_id": run.task_id,
+                    "service": self._service,
+                    "attempt": run.attempt,
+                },
+                stop=stop,
+                delivery_cancel=run.delivery.cancel_token,
+            )
+        except BaseException:
+            # Cancelled from outside: the delivery is given back; nothing may follow for it.
+            throttle.abandon()
+            raise
         # A held progress update goes out before the terminal report; none after it.
         await throttle.close(flush=not isinstance(result, Stopped))
         if isinstance(result, Stopped):
@@ -410,13 +419,16 @@ class Engine:
                 await self._transport.reject(run.delivery)
             else:
                 await self._transport.ack(run.delivery)
-        except SettleError as exc:
+        except Exception as exc:
+            # SettleError is the adapter's word for it; anything else is an adapter bug, but the
+            # delivery is as unsettled either way, and the worker must go on.
+            cause = exc.__cause__ if isinstance(exc, SettleError) and exc.__cause__ else exc
             settlement = replace(settlement, settled=False)
             _logger.warning(
                 "The %s of the delivery did not reach the broker (%s); the broker will deliver it "
                 "again, and its task may be reported twice",
                 verdict.action.value,
-                exception_type_name(exc.__cause__ or exc),
+                exception_type_name(cause),
                 extra={"task_id": run.task_id, "attempt": run.attempt},
             )
             self._notify(AckFailed())

@@ -84,6 +84,26 @@ class ProgressThrottle:
             await self._publish(update)
             self._last_report_at = self._clock()
 
+    @property
+    def closed(self) -> bool:
+        """Whether the attempt ended (:meth:`close` or :meth:`abandon`)."""
+        return self._closed
+
+    def abandon(self) -> None:
+        """End the attempt at once, without waiting: a held update is dropped and counted.
+
+        For a delivery whose task is being cancelled: nothing may be published for it later.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._held is not None:
+            self._held = None
+            self._on_drop(ProgressDropReason.AFTER_END)
+
     async def close(self, *, flush: bool) -> None:
         """End the attempt: no update is taken after this.
 

@@ -20,6 +20,7 @@ from async_task_api_worker.ports import (
     DeliverySettled,
     EngineEvent,
     Outcome,
+    ProgressDropped,
     Settlement,
     TaskStarted,
 )
@@ -283,3 +284,36 @@ def test_settlement_is_a_frozen_record() -> None:
     settlement = Settlement(Outcome.SUCCESS, Action.ACK, None, "t", 1, 5)
     with pytest.raises(AttributeError):
         settlement.code = "X"  # type: ignore[misc]
+
+
+async def test_a_held_progress_update_is_never_published_after_an_external_cancel() -> None:
+    entered, cancelled = asyncio.Event(), []
+    engine, transport = build(
+        blocking_worker(entered, cancelled), worker_progress_min_interval_s=0.05
+    )
+    recorder = Recorder()
+    engine._observers = (recorder,)  # type: ignore[assignment]
+    handling = asyncio.create_task(engine.handle(deliver(transport)))
+    await entered.wait()  # the handler's progress(0.1) is held for 50 ms
+    handling.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await handling
+    settled = asyncio.Event()
+    asyncio.get_running_loop().call_later(0.1, settled.set)
+    await settled.wait()  # past the throttle window: a leaked timer would have published by now
+    assert [p.report.type for p in transport.published] == ["started"]
+    assert [e.reason for e in recorder.events if isinstance(e, ProgressDropped)] == ["after_end"]
+
+
+class BuggySettleTransport(InMemoryTransport):
+    async def requeue(self, delivery: Delivery, *, count_attempt: bool) -> None:
+        raise KeyError("adapter bug")
+
+
+async def test_an_adapter_bug_in_a_settle_is_contained(
+    decisions: pytest.LogCaptureFixture,
+) -> None:
+    engine, transport = build(retry_worker(), BuggySettleTransport())
+    settlement = await engine.handle(deliver(transport))
+    assert (settlement.outcome, settlement.settled) == (Outcome.RETRY, False)
+    assert len(decision_records(decisions)) == 1
