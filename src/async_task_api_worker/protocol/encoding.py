@@ -23,6 +23,7 @@ from typing import Any
 from async_task_api_worker.errors import ReportEncodeError
 
 __all__ = [
+    "NonFiniteNumberError",
     "MAX_NESTING_DEPTH",
     "MAX_REPORT_BYTES",
     "canonical_dumps",
@@ -101,15 +102,19 @@ def _check_tree(value: Any) -> None:
         stack.extend((child, depth + 1) for child in children)
 
 
+class NonFiniteNumberError(ValueError):
+    """A JSON number that is NaN, an infinity, or overflows a double (``1e400``)."""
+
+
 def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not valid JSON")
+    raise NonFiniteNumberError(f"{name} is not valid JSON")
 
 
 def _finite_float(text: str) -> float:
     number = float(text)
     if math.isinf(number):
         # ``1e400`` is valid JSON syntax, but reads as infinity, which the protocol refuses.
-        raise ValueError("a number that overflows to infinity is not valid JSON")
+        raise NonFiniteNumberError("a number that overflows to infinity is not valid JSON")
     return number
 
 
@@ -120,8 +125,9 @@ def strict_loads(text: str) -> Any:
 
     Raises:
         json.JSONDecodeError: the text is not JSON (message and position, never the text).
-        ValueError: a NaN/Infinity literal, a number too large for a double (``1e400``), or
-            an integer over 4,300 digits.
+        NonFiniteNumberError: a NaN/Infinity literal, or a number too large for a double
+            (``1e400``).
+        ValueError: an integer over 4,300 digits (``sys.get_int_max_str_digits()``).
         RecursionError: nesting beyond the interpreter's recursion limit.
     """
     return json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)

@@ -24,7 +24,12 @@ from pydantic import (
 
 from async_task_api_worker.errors import EnvelopeDecodeError
 from async_task_api_worker.protocol.codes import PoisonReason
-from async_task_api_worker.protocol.encoding import MAX_NESTING_DEPTH, nesting_depth, strict_loads
+from async_task_api_worker.protocol.encoding import (
+    MAX_NESTING_DEPTH,
+    NonFiniteNumberError,
+    nesting_depth,
+    strict_loads,
+)
 
 __all__ = [
     "DEFAULT_MAX_BODY_BYTES",
@@ -205,15 +210,13 @@ def decode_envelope(body: bytes, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
         raise EnvelopeDecodeError(
             PoisonReason.TOO_DEEP, f"body nests deeper than {MAX_NESTING_DEPTH} levels"
         ) from None
-    except ValueError as exc:
-        # NaN/Infinity literals and over-long integers; the message names the rule, not the data.
-        reason = (
-            "a number is NaN or infinite"
-            if "not valid JSON" in str(exc)
-            else "an integer is too long"
-        )
+    except NonFiniteNumberError:
         raise EnvelopeDecodeError(
-            PoisonReason.INVALID_JSON, f"body is not JSON: {reason}"
+            PoisonReason.INVALID_JSON, "body is not JSON: a number is NaN or infinite"
+        ) from None
+    except ValueError:  # the only other one: an integer over the interpreter's digit limit
+        raise EnvelopeDecodeError(
+            PoisonReason.INVALID_JSON, "body is not JSON: an integer is too long"
         ) from None
     if not isinstance(document, dict):
         raise EnvelopeDecodeError(
@@ -232,7 +235,8 @@ def decode_envelope(body: bytes, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     if version != PROTOCOL_VERSION and isinstance(version, int) and not isinstance(version, bool):
         raise EnvelopeDecodeError(
             PoisonReason.UNSUPPORTED_VERSION,
-            f"protocol_version {version} is not supported (this worker speaks {PROTOCOL_VERSION})",
+            f"protocol_version {_shorten(str(version))} is not supported "
+            f"(this worker speaks {PROTOCOL_VERSION})",
             task_id=task_id,
             client_id=client_id,
         )
@@ -245,6 +249,10 @@ def decode_envelope(body: bytes, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
             task_id=task_id,
             client_id=client_id,
         ) from None
+
+
+def _shorten(text: str, limit: int = 20) -> str:
+    return text if len(text) <= limit else f"{text[:limit]}..."
 
 
 def _json_kind(value: Any) -> str:

@@ -10,7 +10,15 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Annotated, Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, TypeAdapter, ValidationError
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    TypeAdapter,
+    ValidationError,
+)
 
 from async_task_api_worker.errors import ERROR_CODE_PATTERN, ProtocolError, ReportEncodeError
 from async_task_api_worker.protocol.codes import ReportType
@@ -85,13 +93,26 @@ class SuccessReport(_ReportBase):
     response: dict[str, Any]
 
 
+def _check_message_length(message: str) -> str:
+    if len(message) > MAX_ERROR_MESSAGE_CHARS:
+        raise ValueError(f"message is longer than {MAX_ERROR_MESSAGE_CHARS} characters")
+    return message
+
+
 class ReportError(BaseModel):
     """The ``error`` of a failure report: a stable ``code`` and a human-readable ``message``."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
 
     code: Annotated[str, StringConstraints(pattern=ERROR_CODE_PATTERN.pattern)]
-    message: Annotated[str, StringConstraints(max_length=MAX_ERROR_MESSAGE_CHARS)]
+    # Checked in Python rather than with ``max_length``: pydantic-core refuses a constrained
+    # string holding a lone surrogate (``string_unicode``), and a handler's message may hold
+    # one (a file name read with ``surrogateescape``), which the encoder writes as ``\udxxx``.
+    message: Annotated[
+        str,
+        AfterValidator(_check_message_length),
+        Field(json_schema_extra={"maxLength": MAX_ERROR_MESSAGE_CHARS}),
+    ]
 
 
 class FailureReport(_ReportBase):

@@ -1,0 +1,809 @@
+r"""Write the protocol's golden vectors under ``tests/vectors/``.
+
+Usage::
+
+    uv run python scripts/generate_vectors.py          # (re)write the vectors
+    uv run python scripts/generate_vectors.py --check  # exit 1 if a committed vector differs
+
+Two kinds (docs/protocol.md, "Golden vectors"):
+
+- ``reports/NNN-name.json``: ``{"description", "seq", "report", "properties"}``: a report's
+  fields, the ``seq`` it is published with, and its expected AMQP properties;
+  ``reports/NNN-name.bin``: the exact canonical bytes ``encode_report`` must produce.
+- ``envelopes/NNN-name.bin``: an inbound body; ``envelopes/NNN-name.json``: what decoding it
+  gives, either ``{"envelope": {...}}`` (the decoded fields, as ``model_dump(mode="json")``) or
+  ``{"poison": reason, "task_id": ..., "client_id": ...}``; plus ``max_body_bytes`` when the
+  case needs a limit other than the default, ``worker_service`` when the worker's own name
+  matters, and ``schema_valid``: whether the body, read as JSON, passes envelope.schema.json
+  (``null`` when it is not JSON at all).
+
+Every case states what it expects (the poison reason, the schema verdict); the generator stops
+if the code disagrees, so a regenerated vector never silently records a regression. The tests
+read the committed files and never call this script.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from jsonschema import Draft202012Validator
+from pydantic import TypeAdapter
+
+from async_task_api_worker.errors import EnvelopeDecodeError
+from async_task_api_worker.protocol import (
+    DEFAULT_MAX_BODY_BYTES,
+    ErrorCode,
+    PoisonReason,
+    Report,
+    decode_envelope,
+    encode_report,
+)
+from async_task_api_worker.protocol.encoding import strict_loads
+from async_task_api_worker.protocol.schemas import load_schema
+
+ROOT = Path(__file__).resolve().parent.parent
+VECTOR_DIR = ROOT / "tests" / "vectors"
+REPORT_DIR = VECTOR_DIR / "reports"
+ENVELOPE_DIR = VECTOR_DIR / "envelopes"
+
+_REPORT_ADAPTER: TypeAdapter[Any] = TypeAdapter(Report)
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+# ---------------------------------------------------------------------------------------------
+# report cases
+
+TS = "2026-11-29T22:48:46.123456Z"
+
+
+def _report(kind: str, **fields: Any) -> dict[str, Any]:
+    document: dict[str, Any] = {
+        "protocol_version": 1,
+        "type": kind,
+        "task_id": "t-0001",
+        "client_id": "client-a",
+        "service": "resize",
+        "attempt": 1,
+        "timestamp": TS,
+    }
+    document.update(fields)
+    if kind == "progress":
+        document.setdefault("payload", None)
+    return document
+
+
+def _success(response: dict[str, Any], **fields: Any) -> dict[str, Any]:
+    return _report("success", response=response, **fields)
+
+
+def _failure(code: str, message: str, **fields: Any) -> dict[str, Any]:
+    return _report("failure", error={"code": code, "message": message}, **fields)
+
+
+def _nested(levels: int) -> Any:
+    value: Any = "bottom"
+    for level in range(levels):
+        value = {"level": level, "next": value} if level % 2 else [value]
+    return value
+
+
+@dataclass(frozen=True)
+class ReportCase:
+    """One report vector: its fields and the ``seq`` it is encoded with."""
+
+    slug: str
+    description: str
+    report: dict[str, Any]
+    seq: int = 0
+
+
+# The messages below are those the engine publishes for each code (engine.py), where it has one.
+_FAILURES: dict[ErrorCode, tuple[str, dict[str, Any]]] = {
+    ErrorCode.INVALID_INPUT: ("invalid input: width: missing; height: int_type", {}),
+    ErrorCode.TASK_TIMEOUT: ("the task did not finish within 30 s", {}),
+    ErrorCode.INTERNAL_ERROR: ("the task failed with an internal error", {}),
+    ErrorCode.TASK_ABANDONED_AFTER_REDELIVERIES: (
+        "the task was delivered 6 times, more than its limit of 5; it was not run again",
+        {"attempt": 6},
+    ),
+    ErrorCode.POISON_MESSAGE: (
+        "the message was refused: invalid_envelope: invalid envelope: input: missing",
+        {},
+    ),
+    ErrorCode.INVALID_RESULT: (
+        "the handler's result failed its output model: url: string_type",
+        {},
+    ),
+    ErrorCode.RESULT_TOO_LARGE: (
+        "the handler's result cannot be reported: success report of 16777300 bytes exceeds "
+        "16777216 bytes",
+        {},
+    ),
+    ErrorCode.TRANSIENT_ERROR: ("The task failed with a transient error.", {"attempt": 5}),
+    ErrorCode.WORKER_CRASHED: ("the task's process was killed by signal 9", {}),
+    ErrorCode.WORKER_DIED: ("the detached worker left no result before its deadline", {}),
+}
+
+REPORT_CASES: list[ReportCase] = [
+    ReportCase("started", "a started report, first attempt", _report("started")),
+    ReportCase(
+        "started-epoch",
+        "started at the Unix epoch: AMQP timestamp 0; attempt 3, seq 0 of that attempt",
+        _report("started", attempt=3, timestamp="1970-01-01T00:00:00.000000Z"),
+    ),
+    ReportCase(
+        "progress-no-payload",
+        "progress without payload: `payload` is still written, as null",
+        _report("progress", fraction=0.25),
+        seq=1,
+    ),
+    ReportCase(
+        "progress-payload",
+        "progress with a payload; keys are sorted inside the payload too",
+        _report("progress", fraction=0.5, payload={"stage": "encode", "frames": 120, "eta_s": 4.5}),
+        seq=2,
+    ),
+    ReportCase(
+        "progress-bounds",
+        "fraction 0.0 (written 0.0, not 0) and the AMQP timestamp floored from .999999",
+        _report("progress", fraction=0.0, timestamp="2026-11-29T22:48:46.999999Z"),
+        seq=1,
+    ),
+    ReportCase(
+        "progress-almost-one",
+        "the largest double below 1 as a fraction",
+        _report("progress", fraction=0.9999999999999999, payload={}),
+        seq=7,
+    ),
+    ReportCase("success-empty", "success with an empty response", _success({}), seq=1),
+    ReportCase(
+        "success-literals",
+        "every JSON literal and empty containers",
+        _success(
+            {"t": True, "f": False, "n": None, "s": "", "a": [], "o": {}, "z": 0, "m": [None, 1]}
+        ),
+        seq=1,
+    ),
+    ReportCase(
+        "success-nested",
+        "nested objects and arrays: keys sorted at every level, array order kept",
+        _success(
+            {
+                "zeta": {"b": [3, 2, 1], "a": {"y": 1, "x": [{"d": 1, "c": 2}]}},
+                "alpha": [[], [[]], {"k": {}}],
+                "mid": {"B": 1, "a": 2, "_": 3, "0": 4},
+            }
+        ),
+        seq=1,
+    ),
+    ReportCase(
+        "success-max-depth",
+        "nesting at the limit: 64 levels counting the report object itself",
+        _success({"deep": _nested(62)}),
+        seq=1,
+    ),
+    ReportCase(
+        "success-unicode",
+        "accents, combining marks, CJK, Arabic and Hebrew (RTL): raw UTF-8, never \\u escapes",
+        _success(
+            {
+                "fr": "Élève à l'école, garçon, cœur",
+                "combining": "e\u0301",
+                "zh": "任务已完成",
+                "ja": "東京タワー",
+                "ar": "مرحبا بالعالم",
+                "he": "שלום עולם",
+                "mixed": "abc \u202bعربي\u202c def",
+            }
+        ),
+        seq=1,
+    ),
+    ReportCase(
+        "success-emoji",
+        "astral-plane characters: 4-byte UTF-8, never a surrogate pair of escapes",
+        _success(
+            {
+                "smile": "😀",
+                "music": "𝄞",
+                "family": "👨\u200d👩\u200d👧",
+                "flag": "🇫🇷",
+                "keys": {"🔑": "key", "x😀y": 1},
+            }
+        ),
+        seq=1,
+    ),
+    ReportCase(
+        "success-escapes",
+        "the mandatory escapes, and what is NOT escaped: '/', U+007F, U+0085, U+2028, "
+        "U+2029, U+FEFF",
+        _success(
+            {
+                "quote": 'say "hi"',
+                "backslash": "C:\\temp\\new",
+                "slash": "a/b</script>",
+                "named": "\b\f\n\r\t",
+                "controls": "".join(chr(code) for code in range(0x20)),
+                "del": "\x7f",
+                "nel": "\x85",
+                "line_separators": "\u2028\u2029",
+                "bom": "\ufeff",
+                "html": "<&'>",
+            }
+        ),
+        seq=1,
+    ),
+    ReportCase(
+        "success-lone-surrogates",
+        "lone surrogates (in a value and in a key) are written as lower-case \\udxxx escapes",
+        _success({"high": "a\ud800b", "low": "\udfff", "\udabc": "key", "both": "\udc00\ud800"}),
+        seq=1,
+    ),
+    ReportCase(
+        "success-big-integers",
+        "integers of any size up to 4,300 digits, in decimal",
+        _success(
+            {
+                "two_200": 2**200,
+                "minus_two_200": -(2**200),
+                "int64_max": 2**63 - 1,
+                "int64_min_minus_1": -(2**63) - 1,
+                "uint64_max_plus_1": 2**64,
+                "zero": 0,
+                "minus_one": -1,
+            }
+        ),
+        seq=1,
+    ),
+    ReportCase(
+        "success-floats",
+        "floats: shortest round-trip text, .0 kept, exponent below 1e-4 and from 1e16",
+        _success(
+            {
+                "tenth": 0.1,
+                "one": 1.0,
+                "minus_zero": -0.0,
+                "small": 1e-05,
+                "just_not_small": 0.0001,
+                "big": 1e16,
+                "just_not_big": 9999999999999998.0,
+                "e15": 1e15,
+                "min_subnormal": 5e-324,
+                "min_normal": 2.2250738585072014e-308,
+                "max": 1.7976931348623157e308,
+                "third": 1 / 3,
+                "negative": -1.5,
+                "point_one_plus_two": 0.1 + 0.2,
+                "big_mantissa": 1.2345678901234567e20,
+            }
+        ),
+        seq=1,
+    ),
+    ReportCase(
+        "success-key-order",
+        "keys in code-point order: U+FF5A before U+1F600, unlike UTF-16 code-unit order",
+        _success(
+            {
+                "😀": "U+1F600",
+                "\uff5a": "U+FF5A",
+                "\ue000": "U+E000",
+                "é": "U+00E9",
+                "a": "U+0061",
+                "B": "U+0042",
+                "": "empty",
+                "aa": "two",
+                "a b": "space",
+                "A": "U+0041",
+                "_": "U+005F",
+                "~": "U+007E",
+            }
+        ),
+        seq=1,
+    ),
+    ReportCase(
+        "success-long-string",
+        "a string of 100,000 characters (133,334 bytes in UTF-8)",
+        _success({"text": ("ab€" * 33_334)[:100_000]}),
+        seq=1,
+    ),
+    ReportCase(
+        "success-ids",
+        "identifiers at their limits: 128-character task id, 64-character service, ._:@- kept",
+        _success(
+            {"ok": True},
+            task_id="T" + "x" * 126 + "9",
+            client_id="svc.account:user@example-1_2",
+            service="S" + "s" * 62 + "9",
+            attempt=2,
+        ),
+        seq=4,
+    ),
+    *(
+        ReportCase(
+            f"failure-{code.value.lower().replace('_', '-')}",
+            f"a failure report with the SDK code {code.value}",
+            _failure(code.value, message, **extra),
+            seq=0
+            if code
+            in (
+                ErrorCode.INVALID_INPUT,
+                ErrorCode.TASK_ABANDONED_AFTER_REDELIVERIES,
+                ErrorCode.POISON_MESSAGE,
+            )
+            else 1,
+        )
+        for code, (message, extra) in _FAILURES.items()
+    ),
+    ReportCase(
+        "failure-user-code",
+        "a failure with a handler's own code (FatalError)",
+        _failure("PAYMENT_DECLINED", "the card was declined", attempt=1),
+        seq=3,
+    ),
+    ReportCase(
+        "failure-poison-no-client-id",
+        "a poison body whose task id was recovered but whose client id was not: client_id null",
+        _failure(
+            "POISON_MESSAGE",
+            "the message was refused: invalid_envelope: invalid envelope: client_id: string_type",
+            client_id=None,
+        ),
+    ),
+    ReportCase(
+        "failure-message-lone-surrogate",
+        "a message holding a lone surrogate (a file name read with surrogateescape)",
+        _failure("FILE_UNREADABLE", "cannot read report-\udcff.csv"),
+        seq=1,
+    ),
+    ReportCase(
+        "failure-long-message",
+        "a message of exactly 1,024 characters (the limit), with non-ASCII characters",
+        _failure("QUOTA_EXCEEDED", ("quota dépassée — " * 61)[:1024]),
+        seq=1,
+    ),
+]
+
+# ---------------------------------------------------------------------------------------------
+# envelope cases
+
+
+def _body(**fields: Any) -> bytes:
+    document: dict[str, Any] = {
+        "protocol_version": 1,
+        "task_id": "t-0001",
+        "client_id": "client-a",
+        "service": "resize",
+        "input": {"width": 640},
+    }
+    document.update(fields)
+    return json.dumps(document, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+def _deep_body(levels: int) -> bytes:
+    """A body whose ``input`` makes the whole document ``levels`` deep (the object is one)."""
+    inner = b"[" * (levels - 2) + b"]" * (levels - 2)
+    return (
+        b'{"protocol_version":1,"task_id":"t-0001","client_id":"client-a","service":"resize",'
+        b'"input":{"x":' + inner + b"}}"
+    )
+
+
+@dataclass(frozen=True)
+class EnvelopeCase:
+    """One envelope vector: a body and what decoding it must give."""
+
+    slug: str
+    description: str
+    body: bytes
+    poison: PoisonReason | None = None
+    schema_valid: bool | None = True
+    max_body_bytes: int | None = None
+    worker_service: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+_MINIMAL = _body()
+_DIGITS_4300 = "9" * 4300
+_DIGITS_5000 = "1" * 5000
+
+ENVELOPE_CASES: list[EnvelopeCase] = [
+    EnvelopeCase("minimal", "the smallest valid envelope", _MINIMAL),
+    EnvelopeCase(
+        "input-refs",
+        "input_refs: one with every field, one with only name and uri",
+        _body(
+            input={},
+            input_refs=[
+                {
+                    "name": "video",
+                    "uri": "s3://bucket/videos/in.mp4",
+                    "content_type": "video/mp4",
+                    "size_bytes": 1_234_567_890_123,
+                    "sha256": "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855",
+                },
+                {"name": "subtitles", "uri": "https://files.example/s.srt"},
+            ],
+        ),
+    ),
+    EnvelopeCase(
+        "created-at-z", "created_at in UTC with Z", _body(created_at="2026-11-29T22:48:46Z")
+    ),
+    EnvelopeCase(
+        "created-at-offset-fraction",
+        "created_at with +00:00 and nanoseconds: read to the microsecond (truncated)",
+        _body(created_at="2026-11-29T22:48:46.123456789+00:00"),
+    ),
+    EnvelopeCase(
+        "unknown-fields",
+        "unknown fields, at the top and in an input ref, are ignored",
+        _body(
+            priority=5,
+            trace={"id": "abc", "sampled": True},
+            input_refs=[{"name": "doc", "uri": "file:///d.pdf", "etag": "W/1"}],
+        ),
+    ),
+    EnvelopeCase(
+        "input-unicode-escapes",
+        "input strings: raw UTF-8, \\u escapes, an escaped surrogate pair, a lone surrogate",
+        b'{"protocol_version":1,"task_id":"t-0001","client_id":"client-a","service":"resize",'
+        b'"input":{"raw":"\xc3\xa9\xe4\xbb\xbb\xd8\xb9\xf0\x9f\x98\x80",'
+        b'"escaped":"\\u00e9\\u4efb\\u0639\\ud83d\\ude00","lone":"\\udc00",'
+        b'"controls":"\\u0000\\b\\t\\/","\\u00e9t\\u00e9":1}}',
+    ),
+    EnvelopeCase(
+        "duplicate-keys",
+        "a duplicate key keeps its last value, at the top and in input",
+        b'{"protocol_version":1,"task_id":"t-first","client_id":"client-a","service":"resize",'
+        b'"input":{"k":1,"k":2},"task_id":"t-last"}',
+    ),
+    EnvelopeCase(
+        "whitespace",
+        "insignificant white space (space, tab, CR, LF) anywhere between tokens",
+        b' \r\n{\n\t"protocol_version" : 1 ,\r\n\t"task_id":"t-0001",\n\t"client_id":\t'
+        b'"client-a",\n\t"service":"resize",\n\t"input":{ "a" : [ 1 , 2 ] }\n}\n ',
+    ),
+    EnvelopeCase(
+        "numbers",
+        "numbers in input: big and 4,300-digit integers, floats, an underflow read as 0.0",
+        b'{"protocol_version":1,"task_id":"t-0001","client_id":"client-a","service":"resize",'
+        b'"input":{"big":1606938044258990275541962092341162602522202993782792835301376,'
+        b'"neg":-1606938044258990275541962092341162602522202993782792835301376,'
+        b'"max_digits":' + _DIGITS_4300.encode() + b","
+        b'"f":[0.1,1e-05,1E+16,-0.0,5e-324,1.7976931348623157e308,1e-400,2.5e3,-0]}}',
+    ),
+    EnvelopeCase("depth-64", "nesting of exactly 64 levels is accepted", _deep_body(64)),
+    EnvelopeCase(
+        "id-limits",
+        "a 128-character task id, an id with ._:@-, and a 64-character service",
+        _body(
+            task_id="T" + "x" * 126 + "9",
+            client_id="svc.account:user@example-1_2",
+            service="S" + "s" * 62 + "9",
+        ),
+        worker_service="S" + "s" * 62 + "9",
+    ),
+    EnvelopeCase(
+        "size-at-limit",
+        "a body exactly as large as max_body_bytes is accepted",
+        _MINIMAL,
+        max_body_bytes=len(_MINIMAL),
+    ),
+    # ---- poison bodies
+    EnvelopeCase(
+        "too-large",
+        "one byte over max_body_bytes: refused before parsing, so no task id",
+        _MINIMAL,
+        poison=PoisonReason.TOO_LARGE,
+        max_body_bytes=len(_MINIMAL) - 1,
+    ),
+    EnvelopeCase(
+        "invalid-utf8",
+        "a byte sequence that is not UTF-8 (C3 28): no task id",
+        _body(input={"name": "PLACEHOLDER"}).replace(b"PLACEHOLDER", b"\xc3\x28"),
+        poison=PoisonReason.INVALID_UTF8,
+        schema_valid=None,
+    ),
+    EnvelopeCase(
+        "invalid-utf8-surrogate",
+        "a surrogate encoded in UTF-8 form (ED A0 80, CESU-8) is not UTF-8",
+        _body(input={"name": "PLACEHOLDER"}).replace(b"PLACEHOLDER", b"\xed\xa0\x80"),
+        poison=PoisonReason.INVALID_UTF8,
+        schema_valid=None,
+    ),
+    EnvelopeCase(
+        "bom",
+        "a UTF-8 byte-order mark before the JSON text",
+        b"\xef\xbb\xbf" + _MINIMAL,
+        poison=PoisonReason.INVALID_JSON,
+        schema_valid=None,
+    ),
+    EnvelopeCase(
+        "truncated",
+        'truncated JSON ({"a":)',
+        b'{"a":',
+        poison=PoisonReason.INVALID_JSON,
+        schema_valid=None,
+    ),
+    EnvelopeCase(
+        "trailing-comma",
+        "a trailing comma",
+        _MINIMAL[:-1] + b",}",
+        poison=PoisonReason.INVALID_JSON,
+        schema_valid=None,
+    ),
+    EnvelopeCase(
+        "nan",
+        "NaN in input: invalid JSON, so no task id even though the body has one",
+        _body(input={"x": "PLACEHOLDER"}).replace(b'"PLACEHOLDER"', b"NaN"),
+        poison=PoisonReason.INVALID_JSON,
+        schema_valid=None,
+    ),
+    EnvelopeCase(
+        "infinity",
+        "-Infinity in input",
+        _body(input={"x": "PLACEHOLDER"}).replace(b'"PLACEHOLDER"', b"-Infinity"),
+        poison=PoisonReason.INVALID_JSON,
+        schema_valid=None,
+    ),
+    EnvelopeCase(
+        "float-overflow",
+        "1e400: valid JSON syntax, but it reads as infinity",
+        _body(input={"x": "PLACEHOLDER"}).replace(b'"PLACEHOLDER"', b"1e400"),
+        poison=PoisonReason.INVALID_JSON,
+        schema_valid=None,
+    ),
+    EnvelopeCase(
+        "integer-5000-digits",
+        "an integer of 5,000 digits (over 4,300)",
+        _body(input={"x": "PLACEHOLDER"}).replace(b'"PLACEHOLDER"', _DIGITS_5000.encode()),
+        poison=PoisonReason.INVALID_JSON,
+        schema_valid=None,
+    ),
+    EnvelopeCase(
+        "raw-control-character",
+        "an unescaped control character (U+0001) inside a string",
+        _body(input={"x": "PLACEHOLDER"}).replace(b"PLACEHOLDER", b"a\x01b"),
+        poison=PoisonReason.INVALID_JSON,
+        schema_valid=None,
+    ),
+    EnvelopeCase(
+        "array",
+        "a JSON array holding an envelope: not an object, no task id",
+        b"[" + _MINIMAL + b"]",
+        poison=PoisonReason.NOT_AN_OBJECT,
+        schema_valid=False,
+    ),
+    EnvelopeCase(
+        "string",
+        "a JSON string",
+        b'"t-0001"',
+        poison=PoisonReason.NOT_AN_OBJECT,
+        schema_valid=False,
+    ),
+    EnvelopeCase(
+        "depth-65",
+        "65 levels: too deep, but parsed, so the ids are recovered",
+        _deep_body(65),
+        poison=PoisonReason.TOO_DEEP,
+    ),
+    EnvelopeCase(
+        "depth-10000",
+        "10,000 levels: too deep for the parser, so no task id",
+        _deep_body(10_000),
+        poison=PoisonReason.TOO_DEEP,
+        schema_valid=None,
+    ),
+    EnvelopeCase(
+        "missing-input",
+        "no input: invalid envelope, ids recovered",
+        b'{"protocol_version":1,"task_id":"t-0001","client_id":"client-a","service":"resize"}',
+        poison=PoisonReason.INVALID_ENVELOPE,
+        schema_valid=False,
+    ),
+    EnvelopeCase(
+        "bad-task-id",
+        "a task id with a space: not recoverable, the client id is",
+        _body(task_id="t 0001"),
+        poison=PoisonReason.INVALID_ENVELOPE,
+        schema_valid=False,
+    ),
+    EnvelopeCase(
+        "input-not-object",
+        "input is an array",
+        _body(input=[1, 2]),
+        poison=PoisonReason.INVALID_ENVELOPE,
+        schema_valid=False,
+    ),
+    EnvelopeCase(
+        "created-at-not-utc",
+        "created_at with a +01:00 offset (the schema's date-time format does not catch it)",
+        _body(created_at="2026-11-29T23:48:46+01:00"),
+        poison=PoisonReason.INVALID_ENVELOPE,
+    ),
+    EnvelopeCase(
+        "created-at-no-offset",
+        "created_at without an offset (format only, the schema does not catch it)",
+        _body(created_at="2026-11-29T22:48:46"),
+        poison=PoisonReason.INVALID_ENVELOPE,
+    ),
+    EnvelopeCase(
+        "created-at-number",
+        "created_at as a number of seconds",
+        _body(created_at=1_795_992_526),
+        poison=PoisonReason.INVALID_ENVELOPE,
+        schema_valid=False,
+    ),
+    EnvelopeCase(
+        "version-true",
+        "protocol_version true: equal to 1 in some languages, but not the integer 1",
+        _body(protocol_version=True),
+        poison=PoisonReason.INVALID_ENVELOPE,
+        schema_valid=False,
+    ),
+    EnvelopeCase(
+        "version-string",
+        'protocol_version "1"',
+        _body(protocol_version="1"),
+        poison=PoisonReason.INVALID_ENVELOPE,
+        schema_valid=False,
+    ),
+    EnvelopeCase(
+        "version-float",
+        "protocol_version 1.0 (JSON Schema counts it an integer; the decoder does not)",
+        _body(protocol_version=1.0),
+        poison=PoisonReason.INVALID_ENVELOPE,
+    ),
+    EnvelopeCase(
+        "unsupported-version",
+        "protocol_version 2",
+        _body(protocol_version=2, input={"width": 640, "new_field": True}),
+        poison=PoisonReason.UNSUPPORTED_VERSION,
+        schema_valid=False,
+    ),
+    EnvelopeCase(
+        "unsupported-version-partial",
+        "protocol_version 2 wins over the other problems; the task id is recovered",
+        b'{"protocol_version":2,"task_id":"t-0001"}',
+        poison=PoisonReason.UNSUPPORTED_VERSION,
+        schema_valid=False,
+    ),
+    EnvelopeCase(
+        "wrong-service",
+        "a valid envelope for another service than the consuming worker's",
+        _body(service="thumbnail"),
+        poison=PoisonReason.WRONG_SERVICE,
+        worker_service="resize",
+    ),
+]
+
+# ---------------------------------------------------------------------------------------------
+# writing
+
+
+def dump_json(document: Any) -> bytes:
+    """Return a vector's ``.json`` text: 2-space indent, UTF-8, lone surrogates escaped."""
+    text = json.dumps(document, indent=2, ensure_ascii=False) + "\n"
+    text = _LONE_SURROGATE.sub(lambda match: f"\\u{ord(match.group()):04x}", text)
+    return text.encode("utf-8")
+
+
+def _report_files(number: int, case: ReportCase) -> dict[str, bytes]:
+    report = _REPORT_ADAPTER.validate_python(case.report)
+    encoded = encode_report(report, seq=case.seq)
+    properties = encoded.properties
+    document = {
+        "description": case.description,
+        "seq": case.seq,
+        "report": case.report,
+        "properties": {
+            "content_type": properties.content_type,
+            "content_encoding": properties.content_encoding,
+            "delivery_mode": properties.delivery_mode,
+            "message_id": properties.message_id,
+            "correlation_id": properties.correlation_id,
+            "type": properties.type,
+            "timestamp": properties.timestamp_s,
+            "app_id": properties.app_id,
+        },
+    }
+    stem = f"reports/{number:03d}-{case.slug}"
+    return {f"{stem}.json": dump_json(document), f"{stem}.bin": encoded.body}
+
+
+def _schema_verdict(body: bytes) -> bool | None:
+    """Whether the body passes envelope.schema.json; ``None`` if it is not protocol JSON."""
+    try:
+        document = strict_loads(body.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return None
+    return bool(Draft202012Validator(load_schema("envelope")).is_valid(document))
+
+
+def _envelope_files(number: int, case: EnvelopeCase) -> dict[str, bytes]:
+    limit = case.max_body_bytes or DEFAULT_MAX_BODY_BYTES
+    document: dict[str, Any] = {"description": case.description}
+    if case.max_body_bytes is not None:
+        document["max_body_bytes"] = case.max_body_bytes
+    if case.worker_service is not None:
+        document["worker_service"] = case.worker_service
+    verdict = _schema_verdict(case.body)
+    if verdict != case.schema_valid:
+        raise SystemExit(f"{case.slug}: schema verdict {verdict}, expected {case.schema_valid}")
+    document["schema_valid"] = verdict
+    try:
+        envelope = decode_envelope(case.body, max_body_bytes=limit)
+        if case.worker_service is not None and envelope.service != case.worker_service:
+            raise EnvelopeDecodeError(
+                PoisonReason.WRONG_SERVICE,
+                "another service",
+                task_id=envelope.task_id,
+                client_id=envelope.client_id,
+            )
+    except EnvelopeDecodeError as exc:
+        if exc.reason != case.poison:
+            raise SystemExit(f"{case.slug}: poison {exc.reason}, expected {case.poison}") from None
+        document.update(poison=exc.reason, task_id=exc.task_id, client_id=exc.client_id)
+    else:
+        if case.poison is not None:
+            raise SystemExit(f"{case.slug}: decoded, expected poison {case.poison}")
+        document["envelope"] = envelope.model_dump(mode="json")
+    stem = f"envelopes/{number:03d}-{case.slug}"
+    return {f"{stem}.json": dump_json(document), f"{stem}.bin": case.body}
+
+
+def generated_files() -> dict[str, bytes]:
+    """Return every vector file's path (relative to ``tests/vectors``) and expected bytes."""
+    files: dict[str, bytes] = {}
+    for number, report_case in enumerate(REPORT_CASES, start=1):
+        files.update(_report_files(number, report_case))
+    for number, envelope_case in enumerate(ENVELOPE_CASES, start=1):
+        files.update(_envelope_files(number, envelope_case))
+    return files
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Write the vectors, or with ``--check`` compare them; return the exit status."""
+    parser = argparse.ArgumentParser(description="Write the protocol's golden vectors.")
+    parser.add_argument(
+        "--check", action="store_true", help="exit 1 if a committed vector differs, write nothing"
+    )
+    args = parser.parse_args(argv)
+    expected = generated_files()
+    present = {
+        path.relative_to(VECTOR_DIR).as_posix()
+        for folder in (REPORT_DIR, ENVELOPE_DIR)
+        if folder.is_dir()
+        for path in folder.iterdir()
+        if path.suffix in (".json", ".bin")
+    }
+    stale = sorted(
+        name
+        for name, content in expected.items()
+        if not (VECTOR_DIR / name).exists() or (VECTOR_DIR / name).read_bytes() != content
+    )
+    extra = sorted(present - expected.keys())
+    if args.check:
+        if stale or extra:
+            for name in stale:
+                print(f"out of date: tests/vectors/{name}", file=sys.stderr)
+            for name in extra:
+                print(f"not generated: tests/vectors/{name}", file=sys.stderr)
+            return 1
+        return 0
+    for name in stale:
+        path = VECTOR_DIR / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(expected[name])
+        print(f"wrote tests/vectors/{name}")
+    for name in extra:
+        (VECTOR_DIR / name).unlink()
+        print(f"removed tests/vectors/{name}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

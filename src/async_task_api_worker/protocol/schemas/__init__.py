@@ -1,0 +1,37 @@
+"""The protocol's JSON Schemas (draft 2020-12), shipped with the package.
+
+``envelope.schema.json`` describes the inbound envelope, ``report.schema.json`` the four reports
+(a ``oneOf`` keyed by ``type``). Both are generated from the pydantic models by
+``scripts/generate_schemas.py``; docs/protocol.md, "JSON Schemas", says where they are weaker
+than the decoder.
+"""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+from typing import Any, Final
+
+__all__ = ["SCHEMA_NAMES", "load_schema"]
+
+#: The names :func:`load_schema` accepts.
+SCHEMA_NAMES: Final = ("envelope", "report")
+
+
+def load_schema(name: str) -> dict[str, Any]:
+    """Load one of the shipped JSON Schemas.
+
+    Args:
+        name: ``"envelope"`` or ``"report"``.
+
+    Returns:
+        The schema, a fresh dict on every call (the caller may change it).
+
+    Raises:
+        ValueError: ``name`` is not one of :data:`SCHEMA_NAMES`.
+    """
+    if name not in SCHEMA_NAMES:
+        raise ValueError(f"unknown schema {name!r}; expected one of {', '.join(SCHEMA_NAMES)}")
+    text = resources.files(__name__).joinpath(f"{name}.schema.json").read_text(encoding="utf-8")
+    schema: dict[str, Any] = json.loads(text)
+    return schema

@@ -1,0 +1,190 @@
+"""Properties of the canonical encoding (docs/protocol.md, "Canonical encoding")."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from async_task_api_worker.errors import ERROR_CODE_PATTERN
+from async_task_api_worker.protocol import (
+    FailureReport,
+    ProgressReport,
+    ReportError,
+    StartedReport,
+    SuccessReport,
+    canonical_dumps,
+    decode_report,
+    encode_report,
+)
+from tests.unit.protocol.protocol_strategies import (
+    ids,
+    joined,
+    json_objects,
+    json_values,
+    plain_texts,
+    same,
+    service_names,
+    texts,
+    timestamps,
+)
+
+FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+_NAMED_ESCAPES = {"b": 0x08, "f": 0x0C, "n": 0x0A, "r": 0x0D, "t": 0x09}
+
+
+def _check_tokens(text: str) -> None:
+    """Assert the layout rules: no white space between tokens, only the mandatory escapes."""
+    index, in_string = 0, False
+    while index < len(text):
+        char = text[index]
+        if not in_string:
+            assert char not in " \t\r\n", f"white space outside a string at {index}"
+            in_string = char == '"'
+            index += 1
+        elif char == '"':
+            in_string = False
+            index += 1
+        elif char == "\\":
+            escape = text[index + 1]
+            if escape == "u":
+                digits = text[index + 2 : index + 6]
+                assert digits == digits.lower(), "hex digits must be lower case"
+                code = int(digits, 16)
+                control = code < 0x20 and code not in _NAMED_ESCAPES.values()
+                assert control or 0xD800 <= code <= 0xDFFF, f"needless escape \\u{digits}"
+                index += 6
+            else:
+                assert escape in '"\\' or escape in _NAMED_ESCAPES, f"needless escape \\{escape}"
+                index += 2
+        else:
+            assert ord(char) >= 0x20, "a raw control character inside a string"
+            index += 1
+    assert not in_string
+
+
+def _reversed(value: Any) -> Any:
+    """The same value with every object's insertion order reversed."""
+    if isinstance(value, dict):
+        return {key: _reversed(value[key]) for key in reversed(list(value))}
+    if isinstance(value, list):
+        return [_reversed(item) for item in value]
+    return value
+
+
+def _keys_collide_when_joined(value: Any) -> bool:
+    if isinstance(value, dict):
+        if len({joined(key) for key in value}) != len(value):
+            return True
+        return any(_keys_collide_when_joined(item) for item in value.values())
+    if isinstance(value, list):
+        return any(_keys_collide_when_joined(item) for item in value)
+    return False
+
+
+@FAST
+@given(json_values())
+def test_canonical_bytes_read_back_as_the_same_value(value: Any) -> None:
+    assume(not _keys_collide_when_joined(value))
+    body = canonical_dumps(value)
+    text = body.decode("utf-8")  # strict: raises if the bytes are not valid UTF-8
+    assert same(json.loads(text), joined(value))
+
+
+@FAST
+@given(json_values())
+def test_canonical_bytes_have_no_white_space_and_only_mandatory_escapes(value: Any) -> None:
+    _check_tokens(canonical_dumps(value).decode("utf-8"))
+
+
+@FAST
+@given(json_values())
+def test_encoding_is_deterministic_and_ignores_insertion_order(value: Any) -> None:
+    body = canonical_dumps(value)
+    assert canonical_dumps(value) == body
+    assert canonical_dumps(_reversed(value)) == body
+
+
+@FAST
+@given(json_values(keys=plain_texts))
+def test_keys_are_sorted_by_code_point_at_every_level(value: Any) -> None:
+    seen: list[list[str]] = []
+
+    def record(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        seen.append([key for key, _ in pairs])
+        return dict(pairs)
+
+    json.loads(canonical_dumps(value), object_pairs_hook=record)
+    for keys in seen:
+        assert keys == sorted(keys)
+        assert len(set(keys)) == len(keys)
+
+
+@FAST
+@given(st.lists(st.sampled_from("a\ud800b\udc00\U0001f600\x01\u2028"), max_size=12).map("".join))
+def test_lone_surrogates_are_escaped_and_nothing_else_changes(text: str) -> None:
+    body = canonical_dumps(text)
+    expected = joined(text)
+    for char in expected:
+        if 0xD800 <= ord(char) <= 0xDFFF:
+            assert f"\\u{ord(char):04x}".encode() in body
+    assert json.loads(body) == expected
+
+
+# --------------------------------------------------------------------- reports round trip
+
+_common = {
+    "task_id": ids,
+    "client_id": ids,
+    "service": service_names,
+    "attempt": st.integers(min_value=1, max_value=10**6),
+    "timestamp": timestamps,
+}
+
+
+def _round_trip(report: StartedReport | ProgressReport | SuccessReport | FailureReport) -> None:
+    encoded = encode_report(report)
+    decoded = decode_report(encoded.body)
+    assert type(decoded) is type(report)
+    # What a reader gets is the report with its strings joined (see `joined`), and encoding
+    # that gives the very same bytes again.
+    expected = type(report).model_validate(joined(report.model_dump(mode="python")))
+    assert decoded == expected
+    assert same(decoded.model_dump(mode="python"), expected.model_dump(mode="python"))
+    assert encode_report(decoded).body == encode_report(expected).body
+
+
+@FAST
+@given(st.fixed_dictionaries(_common), json_objects())
+def test_success_reports_round_trip(fields: dict[str, Any], response: dict[str, Any]) -> None:
+    assume(not _keys_collide_when_joined(response))
+    _round_trip(SuccessReport(**fields, response=response))
+
+
+@FAST
+@given(
+    st.fixed_dictionaries(_common),
+    st.floats(min_value=0.0, max_value=1.0, exclude_max=True),
+    st.none() | json_objects(),
+)
+def test_progress_reports_round_trip(
+    fields: dict[str, Any], fraction: float, payload: dict[str, Any] | None
+) -> None:
+    assume(not _keys_collide_when_joined(payload))
+    _round_trip(ProgressReport(**fields, fraction=fraction, payload=payload))
+
+
+@FAST
+@given(
+    st.fixed_dictionaries({**_common, "client_id": st.none() | ids}),
+    st.from_regex(ERROR_CODE_PATTERN, fullmatch=True),
+    texts | st.text(max_size=1024),
+)
+def test_failure_and_started_reports_round_trip(
+    fields: dict[str, Any], code: str, message: str
+) -> None:
+    _round_trip(FailureReport(**fields, error=ReportError(code=code, message=message)))
+    _round_trip(StartedReport(**fields))

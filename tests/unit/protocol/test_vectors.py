@@ -1,0 +1,211 @@
+"""The golden vectors under tests/vectors/ (docs/protocol.md, "Golden vectors").
+
+The vectors are committed files: these tests read them and never regenerate them, so a change
+in the encoder or the decoder that alters a single byte fails here.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from jsonschema import Draft202012Validator
+from pydantic import TypeAdapter
+
+from async_task_api_worker.errors import EnvelopeDecodeError
+from async_task_api_worker.protocol import (
+    DEFAULT_MAX_BODY_BYTES,
+    ErrorCode,
+    PoisonReason,
+    Report,
+    ReportType,
+    decode_envelope,
+    decode_report,
+    encode_report,
+)
+from async_task_api_worker.protocol.encoding import strict_loads
+from async_task_api_worker.protocol.schemas import load_schema
+
+VECTORS = Path(__file__).resolve().parents[2] / "vectors"
+REPORTS = sorted((VECTORS / "reports").glob("*.json"))
+ENVELOPES = sorted((VECTORS / "envelopes").glob("*.json"))
+
+REPORT_ADAPTER: TypeAdapter[Any] = TypeAdapter(Report)
+REPORT_VALIDATOR = Draft202012Validator(load_schema("report"))
+ENVELOPE_VALIDATOR = Draft202012Validator(load_schema("envelope"))
+
+
+def _load(path: Path) -> tuple[dict[str, Any], bytes]:
+    return json.loads(path.read_text(encoding="utf-8")), path.with_suffix(".bin").read_bytes()
+
+
+def _ids(paths: list[Path]) -> list[str]:
+    return [path.stem for path in paths]
+
+
+# ------------------------------------------------------------------------------- inventory
+
+
+def test_there_are_at_least_25_vectors() -> None:
+    assert len(REPORTS) + len(ENVELOPES) >= 25
+    assert len(REPORTS) >= 10
+    assert len(ENVELOPES) >= 10
+
+
+@pytest.mark.parametrize("folder", ["reports", "envelopes"])
+def test_every_vector_is_a_json_and_bin_pair_with_a_unique_number(folder: str) -> None:
+    files = list((VECTORS / folder).iterdir())
+    stems_json = {path.stem for path in files if path.suffix == ".json"}
+    stems_bin = {path.stem for path in files if path.suffix == ".bin"}
+    assert stems_json == stems_bin
+    assert {path.suffix for path in files} == {".json", ".bin"}
+    numbers = [stem.split("-", 1)[0] for stem in stems_json]
+    assert all(len(number) == 3 and number.isdigit() for number in numbers)
+    assert len(set(numbers)) == len(numbers)
+
+
+def test_report_vectors_cover_every_report_type_and_error_code() -> None:
+    reports = [_load(path)[0]["report"] for path in REPORTS]
+    assert {report["type"] for report in reports} == {kind.value for kind in ReportType}
+    codes = {report["error"]["code"] for report in reports if report["type"] == "failure"}
+    assert {code.value for code in ErrorCode} <= codes
+    assert codes - {code.value for code in ErrorCode}, "no vector with a user error code"
+
+
+def test_envelope_vectors_cover_every_poison_reason_and_valid_bodies() -> None:
+    expectations = [_load(path)[0] for path in ENVELOPES]
+    assert {item["poison"] for item in expectations if "poison" in item} == {
+        reason.value for reason in PoisonReason
+    }
+    assert sum("envelope" in item for item in expectations) >= 5
+
+
+# ------------------------------------------------------------------------------- reports
+
+
+@pytest.mark.parametrize("path", REPORTS, ids=_ids(REPORTS))
+def test_report_vector_encodes_to_its_exact_bytes(path: Path) -> None:
+    vector, expected = _load(path)
+    report = REPORT_ADAPTER.validate_python(vector["report"])
+    encoded = encode_report(report, seq=vector["seq"])
+    assert encoded.body == expected
+
+
+@pytest.mark.parametrize("path", REPORTS, ids=_ids(REPORTS))
+def test_report_vector_decodes_back_to_an_equal_report(path: Path) -> None:
+    vector, body = _load(path)
+    decoded = decode_report(body)
+    assert decoded == REPORT_ADAPTER.validate_python(vector["report"])
+    assert decoded.model_dump(mode="python") == vector["report"]
+
+
+@pytest.mark.parametrize("path", REPORTS, ids=_ids(REPORTS))
+def test_report_vector_has_its_recorded_amqp_properties(path: Path) -> None:
+    vector, _ = _load(path)
+    properties = encode_report(
+        REPORT_ADAPTER.validate_python(vector["report"]), seq=vector["seq"]
+    ).properties
+    assert {
+        "content_type": properties.content_type,
+        "content_encoding": properties.content_encoding,
+        "delivery_mode": properties.delivery_mode,
+        "message_id": properties.message_id,
+        "correlation_id": properties.correlation_id,
+        "type": properties.type,
+        "timestamp": properties.timestamp_s,
+        "app_id": properties.app_id,
+    } == vector["properties"]
+    report = vector["report"]
+    assert properties.message_id == f"{report['task_id']}/{report['attempt']}/{vector['seq']}"
+
+
+@pytest.mark.parametrize("path", REPORTS, ids=_ids(REPORTS))
+def test_report_vector_bytes_validate_against_the_report_schema(path: Path) -> None:
+    _, body = _load(path)
+    REPORT_VALIDATOR.validate(json.loads(body))
+
+
+def test_report_schema_refuses_a_report_with_an_unknown_field() -> None:
+    _, body = _load(REPORTS[0])
+    document = json.loads(body)
+    document["extra"] = 1
+    assert not REPORT_VALIDATOR.is_valid(document)
+
+
+def test_a_few_report_vectors_match_bytes_written_by_hand() -> None:
+    # Independent of the generator: these were written out by hand from the rules.
+    started = (VECTORS / "reports" / "001-started.bin").read_bytes()
+    assert started == (
+        b'{"attempt":1,"client_id":"client-a","protocol_version":1,"service":"resize",'
+        b'"task_id":"t-0001","timestamp":"2026-11-29T22:48:46.123456Z","type":"started"}'
+    )
+    progress = (VECTORS / "reports" / "003-progress-no-payload.bin").read_bytes()
+    assert b'"fraction":0.25,"payload":null,' in progress
+    surrogates = (VECTORS / "reports" / "014-success-lone-surrogates.bin").read_bytes()
+    assert (
+        b'"response":{"both":"\\udc00\\ud800","high":"a\\ud800b","low":"\\udfff",'
+        b'"\\udabc":"key"}' in surrogates
+    )
+    key_order = (VECTORS / "reports" / "017-success-key-order.bin").read_bytes()
+    assert key_order.index("ｚ".encode()) < key_order.index("😀".encode())
+    floats = (VECTORS / "reports" / "016-success-floats.bin").read_bytes()
+    for text in (b'"small":1e-05', b'"big":1e+16', b'"minus_zero":-0.0', b'"one":1.0'):
+        assert text in floats
+
+
+# ------------------------------------------------------------------------------- envelopes
+
+
+def _decode_as_worker(vector: dict[str, Any], body: bytes) -> dict[str, Any]:
+    """Decode as a worker would: the body limit, then the worker's own service name."""
+    try:
+        envelope = decode_envelope(
+            body, max_body_bytes=vector.get("max_body_bytes", DEFAULT_MAX_BODY_BYTES)
+        )
+    except EnvelopeDecodeError as exc:
+        return {"poison": exc.reason, "task_id": exc.task_id, "client_id": exc.client_id}
+    service = vector.get("worker_service", envelope.service)
+    if envelope.service != service:
+        return {
+            "poison": PoisonReason.WRONG_SERVICE.value,
+            "task_id": envelope.task_id,
+            "client_id": envelope.client_id,
+        }
+    return {"envelope": envelope.model_dump(mode="json")}
+
+
+@pytest.mark.parametrize("path", ENVELOPES, ids=_ids(ENVELOPES))
+def test_envelope_vector_decodes_as_recorded(path: Path) -> None:
+    vector, body = _load(path)
+    expected = {
+        key: vector[key] for key in ("envelope", "poison", "task_id", "client_id") if key in vector
+    }
+    assert _decode_as_worker(vector, body) == expected
+
+
+@pytest.mark.parametrize("path", ENVELOPES, ids=_ids(ENVELOPES))
+def test_envelope_vector_has_its_recorded_schema_verdict(path: Path) -> None:
+    vector, body = _load(path)
+    try:
+        document = strict_loads(body.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        assert vector["schema_valid"] is None
+        return
+    assert ENVELOPE_VALIDATOR.is_valid(document) is vector["schema_valid"]
+    if "envelope" in vector:
+        # What the decoder accepts, the schema accepts, and the decoded form too.
+        assert vector["schema_valid"] is True
+        ENVELOPE_VALIDATOR.validate(vector["envelope"])
+
+
+def test_the_report_examples_in_the_spec_are_vector_bytes() -> None:
+    spec = (VECTORS.parents[1] / "docs" / "protocol.md").read_text(encoding="utf-8")
+    examples = [
+        line.strip().encode() for line in spec.splitlines() if line.strip().startswith('{"attempt"')
+    ]
+    assert len(examples) == 4
+    bodies = {path.with_suffix(".bin").read_bytes() for path in REPORTS}
+    for example in examples:
+        assert example in bodies
