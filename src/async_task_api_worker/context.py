@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import math
 from collections.abc import Iterator, Mapping, MutableMapping
@@ -21,6 +22,8 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel
 
+from async_task_api_worker.errors import ReportEncodeError
+from async_task_api_worker.protocol.encoding import canonical_dumps
 from async_task_api_worker.protocol.envelope import InputRef
 
 __all__ = [
@@ -101,35 +104,70 @@ class _TaskLogger(logging.LoggerAdapter):  # type: ignore[type-arg]
         return msg, kwargs
 
 
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
 class _ProgressGate:
-    """Checks updates and remembers the highest fraction accepted (one per task attempt)."""
+    """Checks updates and remembers the highest fraction accepted (one per task attempt).
 
-    __slots__ = ("_highest", "_sink")
+    The payload is encoded when the handler calls ``progress``, not later: a payload that
+    cannot be published is refused at once (it never replaces a good held update), and the
+    snapshot cannot change under the encoder if the handler keeps mutating its dict.
+    """
 
-    def __init__(self, sink: ProgressSink) -> None:
+    __slots__ = ("_highest", "_loop", "_sink")
+
+    def __init__(self, sink: ProgressSink, loop: asyncio.AbstractEventLoop | None) -> None:
         self._sink = sink
+        self._loop = loop
         self._highest = 0.0
 
-    def check(self, fraction: object, payload: object) -> ProgressUpdate | ProgressDropReason:
-        if (
-            isinstance(fraction, bool)
-            or not isinstance(fraction, int | float)
-            or not math.isfinite(fraction)
-            or not 0.0 <= fraction < 1.0
-        ):
-            return ProgressDropReason.OUT_OF_RANGE
-        if fraction < self._highest:
-            return ProgressDropReason.BACKWARDS
-        if isinstance(payload, BaseModel):
-            payload = payload.model_dump(mode="json")
-        if payload is not None and not (
-            isinstance(payload, dict) and all(isinstance(key, str) for key in payload)
-        ):
-            return ProgressDropReason.INVALID_PAYLOAD
-        self._highest = float(fraction)
-        return ProgressUpdate(float(fraction), payload)
+    def submit(self, fraction: object, payload: object) -> None:
+        """Check an update and hand the result to the sink, on the sink's loop."""
+        try:
+            result = self._check(fraction, payload)
+        except (
+            Exception
+        ):  # a number or payload whose own methods raise: never the handler's problem
+            result = ProgressDropReason.INVALID_PAYLOAD
+        loop = self._loop
+        if loop is None or _running_loop() is loop:
+            self._deliver(result)
+            return
+        # Another thread (a def handler, asyncio.to_thread, a loop of the handler's own):
+        # the sink lives on the engine's loop. A closed loop means nobody is left to tell.
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(self._deliver, result)
 
-    def deliver(self, result: ProgressUpdate | ProgressDropReason) -> None:
+    def _check(self, fraction: object, payload: object) -> ProgressUpdate | ProgressDropReason:
+        if isinstance(fraction, bool) or not isinstance(fraction, int | float):
+            return ProgressDropReason.OUT_OF_RANGE
+        try:
+            value = float(fraction)
+        except OverflowError:  # an int beyond a double
+            return ProgressDropReason.OUT_OF_RANGE
+        if not math.isfinite(value) or not 0.0 <= value < 1.0:
+            return ProgressDropReason.OUT_OF_RANGE
+        if value < self._highest:
+            return ProgressDropReason.BACKWARDS
+        snapshot = None
+        if payload is not None:
+            if isinstance(payload, BaseModel):
+                payload = payload.model_dump(mode="json")
+            if not isinstance(payload, dict):
+                return ProgressDropReason.INVALID_PAYLOAD
+            try:
+                snapshot = json.loads(canonical_dumps(payload))
+            except ReportEncodeError:
+                return ProgressDropReason.INVALID_PAYLOAD
+        self._highest = value
+        return ProgressUpdate(value, snapshot)
+
+    def _deliver(self, result: ProgressUpdate | ProgressDropReason) -> None:
         if isinstance(result, ProgressUpdate):
             self._sink.offer(result)
         else:
@@ -158,6 +196,7 @@ class _ContextBase:
         delivery_limit: int,
         input_refs: tuple[InputRef, ...],
         sink: ProgressSink,
+        loop: asyncio.AbstractEventLoop | None = None,
     ) -> None:
         self.task_id = task_id
         self.client_id = client_id
@@ -169,7 +208,8 @@ class _ContextBase:
             logging.getLogger(f"async_task_api_worker.task.{service}"),
             {"task_id": task_id, "service": service, "attempt": attempt},
         )
-        self._gate = _ProgressGate(sink)
+        # loop: where the sink lives; None delivers in the caller's thread (a test's context).
+        self._gate = _ProgressGate(sink, loop)
 
     def __repr__(self) -> str:
         return (
@@ -205,10 +245,12 @@ class TaskContext(_ContextBase):
                 below an earlier accepted value.
             payload: an optional JSON object (or pydantic model) with the task's own state.
 
-        An update that breaks these rules is dropped and counted
-        (``worker_progress_dropped_total{reason}``), never raised.
+        An update that breaks these rules, or whose payload is not a JSON object that can be
+        published, is dropped and counted (``worker_progress_dropped_total{reason}``), never
+        raised. The payload is copied when you call: changing the dict afterwards changes
+        nothing. Safe to call from any thread.
         """
-        self._gate.deliver(self._gate.check(fraction, payload))
+        self._gate.submit(fraction, payload)
 
 
 class SyncTaskContext(_ContextBase):
@@ -218,21 +260,8 @@ class SyncTaskContext(_ContextBase):
     update to the event loop without waiting.
     """
 
-    __slots__ = ("_loop",)
-
-    def __init__(self, *, loop: asyncio.AbstractEventLoop | None, **fields: Any) -> None:
-        super().__init__(**fields)
-        # None: the sink is called in the caller's thread (a handler called directly in a test).
-        self._loop = loop
-
     def progress(
         self, fraction: float, payload: Mapping[str, Any] | BaseModel | None = None
     ) -> None:
         """Report the task's latest progress; same rules as :meth:`TaskContext.progress`."""
-        result = self._gate.check(fraction, payload)
-        if self._loop is None:
-            self._gate.deliver(result)
-            return
-        # A closed loop means the worker is gone, and so is anyone to report to.
-        with contextlib.suppress(RuntimeError):
-            self._loop.call_soon_threadsafe(self._gate.deliver, result)
+        self._gate.submit(fraction, payload)

@@ -151,7 +151,8 @@ class Settlement:
     Attributes:
         outcome: what happened.
         action: how the delivery was settled.
-        code: the failure report's code, or ``None`` (success, retry, give-back).
+        code: the failure report's code; for a retry, the ``RetryableError``'s code; ``None``
+            for a success, a give-back or an unreported poison body.
         task_id: the task id, when known.
         attempt: this delivery's attempt number, from 1.
         delivery_limit: the attempts the task gets (2 when the broker gives no count).

@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from async_task_api_worker.context import ProgressDropReason, SyncTaskContext, TaskContext
 from async_task_api_worker.definition import HandlerKind, Worker
@@ -30,11 +30,13 @@ from async_task_api_worker.engine.execution import Raised, Returned, Stopped, St
 from async_task_api_worker.engine.progress import ProgressThrottle
 from async_task_api_worker.engine.reporting import DeliveryReporter
 from async_task_api_worker.errors import (
+    ERROR_CODE_PATTERN,
+    RESERVED_ERROR_CODES,
     EnvelopeDecodeError,
-    FatalError,
     ReportEncodeError,
     RetryableError,
     SettleError,
+    TaskError,
     TaskTimeoutError,
 )
 from async_task_api_worker.observability.redaction import exception_type_name, safe_traceback
@@ -58,6 +60,7 @@ from async_task_api_worker.protocol.envelope import (
     Envelope,
     decode_envelope,
     describe_validation_error,
+    model_field_names,
 )
 from async_task_api_worker.settings import WorkerSettings
 
@@ -80,6 +83,23 @@ class _Verdict:
 
 
 _PUBLISH_FAILED = _Verdict(Outcome.PUBLISH_FAILED, Action.NACK_REQUEUE, counted=True)
+
+
+def _is_well_formed(error: TaskError) -> bool:
+    """Whether a handler's error still carries a usable code and message.
+
+    A subclass that skipped ``super().__init__`` or a code changed after construction would
+    otherwise put an invalid report on the wire; such an error is an INTERNAL_ERROR instead.
+    """
+    code = getattr(error, "task_code", None)
+    delay = getattr(error, "retry_delay_s", None)
+    return (
+        isinstance(code, str)
+        and ERROR_CODE_PATTERN.fullmatch(code) is not None
+        and code not in RESERVED_ERROR_CODES
+        and isinstance(getattr(error, "message", None), str)
+        and (delay is None or (isinstance(delay, float) and 0 <= delay < float("inf")))
+    )
 
 
 def retry_backoff_s(
@@ -136,7 +156,10 @@ class Engine:
         self._wall_clock = wall_clock
         self._jitter = jitter
         self._timeout_s = settings.task_timeout_s(self._task.timeout_s)
+        self._output = TypeAdapter(self._task.output_model)
+        self._input_names = model_field_names(self._task.input_model)
         self._never = StopSignal()
+        self._settling: set[asyncio.Future[Settlement]] = set()
 
     @property
     def task_timeout_s(self) -> float:
@@ -162,7 +185,8 @@ class Engine:
         try:
             verdict = await self._process(run, stop or self._never)
         except asyncio.CancelledError:
-            await self._settle(run, _Verdict(Outcome.CANCELLED, Action.NACK_REQUEUE), arrived_at)
+            given_back = _Verdict(Outcome.CANCELLED, Action.NACK_REQUEUE)
+            await self._settle_shielded(run, given_back, arrived_at)
             raise
         except Exception as exc:
             _logger.error(
@@ -172,7 +196,17 @@ class Engine:
                 extra={"task_id": run.task_id},
             )
             verdict = _Verdict(Outcome.ENGINE_ERROR, Action.NACK_REQUEUE, counted=True)
-        return await self._settle(run, verdict, arrived_at)
+        return await self._settle_shielded(run, verdict, arrived_at)
+
+    async def _settle_shielded(
+        self, run: DeliveryReporter, verdict: _Verdict, arrived_at: float
+    ) -> Settlement:
+        # A cancel that lands during the settle must not cut it in half: the broker call and
+        # the decision line finish in the background, and the cancel still propagates.
+        settling = asyncio.ensure_future(self._settle(run, verdict, arrived_at))
+        self._settling.add(settling)
+        settling.add_done_callback(self._settling.discard)
+        return await asyncio.shield(settling)
 
     def _reporter_for(self, delivery: Delivery) -> DeliveryReporter:
         limit = self._settings.worker_delivery_limit
@@ -183,7 +217,7 @@ class Engine:
             attempt = 2 if delivery.redelivered else 1
             limit = min(limit, UNKNOWN_COUNT_LIMIT)
         else:
-            attempt = delivery.delivery_count + 1
+            attempt = max(0, delivery.delivery_count) + 1
         return DeliveryReporter(
             delivery=delivery,
             attempt=attempt,
@@ -203,8 +237,7 @@ class Engine:
             if envelope.service != self._service:
                 raise EnvelopeDecodeError(
                     PoisonReason.WRONG_SERVICE,
-                    f"envelope is for service {envelope.service!r}, "
-                    f"this worker is {self._service!r}",
+                    f"envelope is for another service than this worker's ({self._service})",
                     task_id=envelope.task_id,
                     client_id=envelope.client_id,
                 )
@@ -223,7 +256,9 @@ class Engine:
             task_input = self._task.input_model.model_validate(envelope.input)
         except ValidationError as exc:
             return await self._fail(
-                run, ErrorCode.INVALID_INPUT, f"invalid input: {describe_validation_error(exc)}"
+                run,
+                ErrorCode.INVALID_INPUT,
+                f"invalid input: {describe_validation_error(exc, known_names=self._input_names)}",
             )
         if not await run.publish_started():
             return _PUBLISH_FAILED
@@ -260,8 +295,10 @@ class Engine:
                 delivery_cancel=run.delivery.cancel_token,
             )
         except BaseException:
-            # Cancelled from outside: the delivery is given back; nothing may follow for it.
+            # Cancelled from outside: the delivery is given back, so nothing may follow for it;
+            # a progress report already on the wire is let finish first, to keep the order.
             throttle.abandon()
+            await throttle.idle()
             raise
         # A held progress update goes out before the terminal report; none after it.
         await throttle.close(flush=not isinstance(result, Stopped))
@@ -277,9 +314,9 @@ class Engine:
         if isinstance(result, Returned):
             return await self._succeed(run, result.value)
         error = result.error
-        if isinstance(error, RetryableError):
-            return await self._retry_or_fail(run, error, stop)
-        if isinstance(error, FatalError):
+        if isinstance(error, TaskError) and _is_well_formed(error):
+            if isinstance(error, RetryableError):
+                return await self._retry_or_fail(run, error, stop)
             return await self._fail(run, error.task_code, error.message)
         if isinstance(error, TaskTimeoutError):
             _logger.warning(
@@ -304,7 +341,10 @@ class Engine:
         output_model = self._task.output_model
         try:
             model = value if isinstance(value, output_model) else output_model.model_validate(value)
-            response = model.model_dump(mode="json")
+            # Serialized as the declared model: a subclass's extra fields are not published, and
+            # a value of the wrong type (model_construct, a mutated field) is an error, not a
+            # warning.
+            response = self._output.dump_python(model, mode="json", warnings="error")
         except ValidationError as exc:
             return await self._fail(
                 run,
@@ -393,10 +433,11 @@ class Engine:
             "delivery_limit": run.limit,
             "input_refs": envelope.input_refs,
             "sink": throttle,
+            "loop": asyncio.get_running_loop(),
         }
         if self._task.kind is HandlerKind.ASYNC:
             return TaskContext(**fields)
-        return SyncTaskContext(loop=asyncio.get_running_loop(), **fields)
+        return SyncTaskContext(**fields)
 
     async def _settle(
         self, run: DeliveryReporter, verdict: _Verdict, arrived_at: float

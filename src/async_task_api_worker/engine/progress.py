@@ -12,6 +12,7 @@ its latest update. When the handler ends, a held update is published before the 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable
 
 from async_task_api_worker.context import ProgressDropReason, ProgressUpdate
@@ -104,6 +105,12 @@ class ProgressThrottle:
             self._held = None
             self._on_drop(ProgressDropReason.AFTER_END)
 
+    async def idle(self) -> None:
+        """Wait until no progress publish is on the wire (one already sent is let finish)."""
+        if self._flushing is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self._flushing)
+
     async def close(self, *, flush: bool) -> None:
         """End the attempt: no update is taken after this.
 
@@ -115,9 +122,8 @@ class ProgressThrottle:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        if self._flushing is not None:
-            # Let a publish already on the wire finish, so reports keep their order.
-            await asyncio.shield(self._flushing)
+        # Let a publish already on the wire finish, so reports keep their order.
+        await self.idle()
         if flush:
             await self._send_held()
         elif self._held is not None:

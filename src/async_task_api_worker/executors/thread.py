@@ -1,8 +1,10 @@
-"""Runs ``def`` handlers in a bounded thread pool.
+"""Runs ``def`` handlers on a bounded set of daemon threads.
 
 A thread cannot be killed: at the deadline the task fails with ``TASK_TIMEOUT`` and the thread
-is left running, recorded as stuck (:attr:`ThreadExecutor.stuck_task_ids`); the runtime ends the
-process after the drain if one is still running (seed, "Running a worker").
+is left running, listed in :attr:`ThreadExecutor.stuck_task_ids`; the runtime ends the process
+after the drain if one is still running (seed, "Running a worker"). The threads are daemon
+threads, so a stuck one never holds the interpreter open at exit (``concurrent.futures``'s pool
+joins its threads at exit, which is why it is not used here).
 """
 
 from __future__ import annotations
@@ -11,8 +13,10 @@ import asyncio
 import contextvars
 import functools
 import logging
+import queue
 import threading
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import Future
 from typing import Any
 
 from async_task_api_worker.errors import TaskTimeoutError
@@ -23,26 +27,86 @@ __all__ = ["ThreadExecutor"]
 
 _logger = logging.getLogger("async_task_api_worker.executors.thread")
 
+_Call = tuple[Future[Any], Callable[[], Any]]
+
 
 def _call(request: ExecutionRequest) -> Any:
     try:
         return request.handler(request.task_input, request.context)
-    except SystemExit as exc:
-        raise HandlerExitError("the handler called sys.exit()") from exc
+    except Exception:
+        raise
+    except BaseException as exc:
+        raise HandlerExitError(f"the handler raised {type(exc).__name__}") from exc
+
+
+class _DaemonThreads:
+    """Up to ``max_threads`` daemon threads, started on demand, taking calls from a queue."""
+
+    def __init__(self, max_threads: int, prefix: str) -> None:
+        self._max_threads = max_threads
+        self._prefix = prefix
+        self._calls: queue.SimpleQueue[_Call | None] = queue.SimpleQueue()
+        self._idle = threading.Semaphore(0)
+        self._lock = threading.Lock()
+        self._threads: list[threading.Thread] = []
+        self._closed = False
+
+    def submit(self, function: Callable[[], Any]) -> Future[Any]:
+        future: Future[Any] = Future()
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the thread executor is closed")
+            self._calls.put((future, function))
+            if not self._idle.acquire(blocking=False) and len(self._threads) < self._max_threads:
+                thread = threading.Thread(
+                    target=self._work, name=f"{self._prefix}-{len(self._threads)}", daemon=True
+                )
+                thread.start()
+                self._threads.append(thread)
+        return future
+
+    def _work(self) -> None:
+        while True:
+            call = self._calls.get()
+            if call is None:
+                self._calls.put(None)  # let the next thread see it too
+                return
+            future, function = call
+            if future.set_running_or_notify_cancel():
+                try:
+                    result = function()
+                except BaseException as exc:
+                    future.set_exception(exc)
+                else:
+                    future.set_result(result)
+            del call, future, function
+            self._idle.release()
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+        while True:
+            try:
+                call = self._calls.get_nowait()
+            except queue.Empty:
+                break
+            if call is not None:
+                call[0].cancel()
+        self._calls.put(None)
 
 
 class ThreadExecutor:
     """The executor of ``def`` handlers.
 
     Args:
-        max_threads: the pool's size (``WORKER_CONCURRENCY``).
+        max_threads: the most threads running handlers at once (``WORKER_CONCURRENCY``).
     """
 
     def __init__(self, max_threads: int) -> None:
-        self._pool = ThreadPoolExecutor(max_workers=max_threads, thread_name_prefix="task")
+        self._threads = _DaemonThreads(max_threads, "task")
         self._running: dict[Future[Any], str] = {}
         self._abandoned: set[Future[Any]] = set()
-        # Done callbacks run in pool threads; the loop reads the same maps.
+        # Done callbacks run in the handler threads; the loop reads the same maps.
         self._lock = threading.RLock()  # cancel() runs done callbacks inline
 
     @property
@@ -52,14 +116,14 @@ class ThreadExecutor:
             return tuple(self._running[f] for f in self._abandoned if f in self._running)
 
     async def execute(self, request: ExecutionRequest) -> Any:
-        """Run the handler in a pool thread, with the caller's context variables.
+        """Run the handler in a thread, with the caller's context variables.
 
         Raises:
             TaskTimeoutError: the deadline passed (the thread keeps running, recorded as stuck).
-            HandlerExitError: the handler raised ``SystemExit``.
+            HandlerExitError: the handler raised a ``BaseException`` (``SystemExit``...).
         """
         context = contextvars.copy_context()
-        future = self._pool.submit(context.run, functools.partial(_call, request))
+        future = self._threads.submit(functools.partial(context.run, _call, request))
         with self._lock:
             self._running[future] = request.task_id
         future.add_done_callback(self._finished)
@@ -82,11 +146,9 @@ class ThreadExecutor:
                 return
             self._abandoned.add(future)
             task_id = self._running.get(future)
-        if task_id is not None:
-            _logger.warning(
-                "A handler thread is still running and cannot be stopped",
-                extra={"task_id": task_id},
-            )
+        _logger.warning(
+            "A handler thread is still running and cannot be stopped", extra={"task_id": task_id}
+        )
 
     def _finished(self, future: Future[Any]) -> None:
         with self._lock:
@@ -95,4 +157,4 @@ class ThreadExecutor:
 
     async def aclose(self) -> None:
         """Stop taking work; threads still running are left to finish (they cannot be killed)."""
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._threads.close()

@@ -71,7 +71,9 @@ def canonical_dumps(value: Any) -> bytes:
     _check_tree(value)
     try:
         text = _ENCODER.encode(value)
-    except (TypeError, ValueError, RecursionError) as exc:
+    except Exception as exc:  # TypeError, ValueError, RecursionError, or a dict changed mid-way
+        if isinstance(exc, ReportEncodeError):
+            raise
         raise ReportEncodeError(f"value is not canonical JSON: {type(exc).__name__}") from exc
     try:
         return text.encode("utf-8")

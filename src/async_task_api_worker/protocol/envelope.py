@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import typing
 from datetime import datetime
 from typing import Annotated, Any, Final, Literal
 
@@ -40,6 +41,7 @@ __all__ = [
     "InputRef",
     "decode_envelope",
     "describe_validation_error",
+    "model_field_names",
 ]
 
 #: The protocol version this SDK speaks (the envelope's and reports' ``protocol_version``).
@@ -147,8 +149,44 @@ class Envelope(BaseModel):
     created_at: UtcDatetime | None = None
 
 
-def describe_validation_error(error: ValidationError, *, limit: int = 10) -> str:
+def model_field_names(model: type[BaseModel]) -> frozenset[str]:
+    """Every field name and alias of ``model`` and of the models nested in its annotations.
+
+    A validation error's location may hold user data (the keys of a ``dict`` field, an
+    unexpected key); only these names are safe to repeat in a message.
+    """
+    names: set[str] = set()
+    seen: set[type[BaseModel]] = set()
+    pending: list[object] = [model]
+    while pending:
+        annotation = pending.pop()
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            if annotation in seen:
+                continue
+            seen.add(annotation)
+            for name, field in annotation.model_fields.items():
+                names.add(name)
+                names.update(
+                    alias
+                    for alias in (field.alias, field.validation_alias)
+                    if isinstance(alias, str)
+                )
+                pending.append(field.annotation)
+        else:
+            pending.extend(typing.get_args(annotation))
+    return frozenset(names)
+
+
+def describe_validation_error(
+    error: ValidationError, *, known_names: frozenset[str] | None = None, limit: int = 10
+) -> str:
     """Name the failing fields of a pydantic error without echoing any input value.
+
+    Args:
+        error: the validation error.
+        known_names: the field names that may be shown (:func:`model_field_names`); any other
+            location part that is not a list index is shown as ``<key>``. ``None`` shows all.
+        limit: the most errors described.
 
     Returns:
         ``"field.path: error_type; ..."`` for at most ``limit`` errors (the pydantic error
@@ -156,8 +194,13 @@ def describe_validation_error(error: ValidationError, *, limit: int = 10) -> str
     """
     parts = []
     for item in error.errors(include_url=False, include_input=False, include_context=False)[:limit]:
-        location = ".".join(str(part) for part in item["loc"]) or "(root)"
-        parts.append(f"{location}: {item['type']}")
+        location = ".".join(
+            str(part)
+            if isinstance(part, int) or known_names is None or part in known_names
+            else "<key>"
+            for part in item["loc"]
+        )
+        parts.append(f"{location or '(root)'}: {item['type']}")
     more = error.error_count() - limit
     if more > 0:
         parts.append(f"and {more} more")
@@ -169,6 +212,9 @@ def _recover_id(document: dict[str, Any], key: str) -> str | None:
     if isinstance(value, str) and _ID_RE.fullmatch(value):
         return value
     return None
+
+
+_ENVELOPE_NAMES = model_field_names(Envelope)
 
 
 def decode_envelope(body: bytes, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> Envelope:
@@ -245,7 +291,7 @@ def decode_envelope(body: bytes, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     except ValidationError as exc:
         raise EnvelopeDecodeError(
             PoisonReason.INVALID_ENVELOPE,
-            f"invalid envelope: {describe_validation_error(exc)}",
+            f"invalid envelope: {describe_validation_error(exc, known_names=_ENVELOPE_NAMES)}",
             task_id=task_id,
             client_id=client_id,
         ) from None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 from async_task_api_worker.context import (
     ProgressDropReason,
@@ -48,7 +49,7 @@ def _fields(
     attempt: int,
     delivery_limit: int,
     input_refs: tuple[InputRef, ...],
-) -> dict[str, object]:
+) -> dict[str, Any]:
     return {
         "task_id": task_id,
         "client_id": client_id,
@@ -83,7 +84,7 @@ def make_task_context(
             attempt=attempt,
             delivery_limit=delivery_limit,
             input_refs=input_refs,
-        )  # type: ignore[arg-type]
+        )
     )
 
 
@@ -102,7 +103,6 @@ def make_sync_task_context(
     Progress goes to ``recorder`` in the calling thread (checked, not throttled).
     """
     return SyncTaskContext(
-        loop=None,
         **_fields(
             recorder=recorder,
             task_id=task_id,

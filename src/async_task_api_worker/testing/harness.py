@@ -7,6 +7,7 @@ backoffs are a millisecond.
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -164,6 +165,8 @@ class WorkerHarness:
         self._engine = Engine(
             worker, self.settings, self.transport, self._executor, observers=[self]
         )
+        # As the broker's prefetch does in production: at most WORKER_CONCURRENCY at once.
+        self._slots = asyncio.Semaphore(self.settings.worker_concurrency)
         self._closed = False
 
     def notify(self, event: EngineEvent) -> None:
@@ -207,7 +210,7 @@ class WorkerHarness:
         """
         envelope = {
             "protocol_version": PROTOCOL_VERSION,
-            "task_id": task_id or str(uuid.uuid4()),
+            "task_id": str(uuid.uuid4()) if task_id is None else task_id,
             "client_id": client_id,
             "service": self.worker.name,
             "input": dict(task_input),
@@ -221,6 +224,9 @@ class WorkerHarness:
     async def submit_raw(self, body: bytes, *, delivery_count: int = 0) -> TaskRun:
         """Deliver ``body`` as it is (a poison message, a hand-made envelope) once.
 
+        Concurrent calls run at most ``worker_concurrency`` deliveries at once, as the broker's
+        prefetch allows in production; the others wait their turn.
+
         Raises:
             RuntimeError: the harness is closed.
         """
@@ -230,7 +236,8 @@ class WorkerHarness:
         delivery = self.transport.take(message.message_id)
         if delivery is None:  # pragma: no cover - just put, and only this call takes it
             raise RuntimeError("the submitted message vanished from the in-memory queue")
-        settlement = await self._engine.handle(delivery)
+        async with self._slots:
+            settlement = await self._engine.handle(delivery)
         raw = tuple(
             item.report.body
             for item in self.transport.published

@@ -189,7 +189,9 @@ async def test_a_classic_queue_gets_one_retry_then_concludes_with_a_warning(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.INFO, logger="async_task_api_worker")
-    engine, transport = build(retry_worker(), InMemoryTransport(count_deliveries=False))
+    engine, transport = build(
+        retry_worker(), InMemoryTransport(count_deliveries=False), worker_retry_backoff_s=0
+    )
     transport.put(BODY)
     first = await engine.handle(transport.take())  # type: ignore[arg-type]
     second_delivery = transport.take()
@@ -313,7 +315,7 @@ class BuggySettleTransport(InMemoryTransport):
 async def test_an_adapter_bug_in_a_settle_is_contained(
     decisions: pytest.LogCaptureFixture,
 ) -> None:
-    engine, transport = build(retry_worker(), BuggySettleTransport())
+    engine, transport = build(retry_worker(), BuggySettleTransport(), worker_retry_backoff_s=0)
     settlement = await engine.handle(deliver(transport))
     assert (settlement.outcome, settlement.settled) == (Outcome.RETRY, False)
     assert len(decision_records(decisions)) == 1
