@@ -55,6 +55,12 @@ class HandlerKind(StrEnum):
     SYNC = "sync"
 
 
+_KIND_WORDS: Final = {
+    HandlerKind.ASYNC: "an async def handler",
+    HandlerKind.SYNC: "a plain def handler",
+}
+
+
 @dataclass(frozen=True, slots=True)
 class TaskDefinition:
     """The task a worker runs, as read from its handler.
@@ -115,8 +121,7 @@ def _read_task(function: Callable[..., Any], timeout_s: float) -> TaskDefinition
     if context_annotation is not expected_context:
         raise ContextParameterError(
             f"task handler {name}: parameter {context_param.name!r} must be annotated exactly "
-            f"{expected_context.__name__} (a {'async def' if kind is HandlerKind.ASYNC else 'def'} "
-            f"handler)"
+            f"{expected_context.__name__} ({_KIND_WORDS[kind]})"
         )
     input_model = _model_of(hints.get(input_param.name))
     if input_model is None:
@@ -173,21 +178,31 @@ class Worker:
     def __repr__(self) -> str:
         return f"Worker({self.name!r})"
 
-    def task(self, *, timeout: float) -> Callable[[Callable[P, R]], Callable[P, R]]:
+    def task(
+        self, *misuse: object, timeout: float | None = None
+    ) -> Callable[[Callable[P, R]], Callable[P, R]]:
         """Declare the worker's task; the decorated function is returned unchanged.
 
         Args:
+            *misuse: nothing: present only to refuse the bare ``@worker.task`` with a clear error.
             timeout: how long the handler may run, in seconds (positive, finite). At the
                 deadline an ``async def`` handler is cancelled and a ``def`` handler's thread
                 abandoned; the task fails with ``TASK_TIMEOUT``.
 
         Raises:
-            InvalidTimeoutError: ``timeout`` is not a positive, finite number.
+            HandlerSignatureError: the decorator was used bare (``@worker.task``).
+            InvalidTimeoutError: ``timeout`` is missing, or not a positive, finite number.
             DuplicateTaskError: the worker already has a task.
             HandlerSignatureError: the handler's shape is wrong; the subclass says how
                 (``HandlerKindError``, ``ContextParameterError``, ``InputModelError``,
                 ``OutputModelError``).
         """
+        if misuse:
+            raise HandlerSignatureError(
+                "use @worker.task(timeout=SECONDS): the decorator takes the timeout first"
+            )
+        if timeout is None:
+            raise InvalidTimeoutError("@worker.task needs timeout=SECONDS")
         if (
             isinstance(timeout, bool)
             or not isinstance(timeout, int | float)

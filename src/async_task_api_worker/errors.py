@@ -12,10 +12,13 @@ The tree::
     │   └── ReportEncodeError      a report that cannot be encoded (too large, not JSON)
     ├── TransportError             a broker operation failed (mapped from the client library)
     │   ├── PublishError           a report was not confirmed by the broker
-    │   └── SettleError            an ack, requeue or reject did not reach the broker
+    │   ├── SettleError            an ack, requeue or reject did not reach the broker
+    │   └── BrokerUnavailableError the broker could not be reached in time
     └── ConfigError (ValueError)   misuse and configuration, kept apart from runtime failures
         ├── SettingsError          an invalid setting (the CLI exits 2)
         │   └── TimeBudgetError    the task timeout does not fit under the consumer timeout
+        ├── BrokerRefusedError     the broker refused the credentials or the vhost (exit 2)
+        ├── TargetError            ``module:attribute`` does not name a loadable Worker
         ├── InvalidErrorCodeError  a FatalError / RetryableError code outside the code rule
         └── DefinitionError (TypeError)   a mistake in a Worker definition
             ├── InvalidWorkerNameError
@@ -41,6 +44,8 @@ from typing import ClassVar
 
 __all__ = [
     "AsyncTaskWorkerError",
+    "BrokerRefusedError",
+    "BrokerUnavailableError",
     "ConfigError",
     "ContextParameterError",
     "DefinitionError",
@@ -63,6 +68,7 @@ __all__ = [
     "RetryableError",
     "SettingsError",
     "SettleError",
+    "TargetError",
     "TaskError",
     "TaskTimeoutError",
     "TimeBudgetError",
@@ -235,6 +241,10 @@ class SettleError(TransportError):
     """An ack, requeue or reject did not reach the broker (for instance, the channel closed)."""
 
 
+class BrokerUnavailableError(TransportError):
+    """The broker could not be reached (refused, unresolvable, timed out) within the deadline."""
+
+
 class ConfigError(AsyncTaskWorkerError, ValueError):
     """Misuse or configuration: fix the code or the environment, retrying will not help."""
 
@@ -249,6 +259,17 @@ class TimeBudgetError(SettingsError):
     Rule (RabbitMQ closes a channel whose delivery stays unacked past ``consumer_timeout``):
     ``task timeout + WORKER_RETRY_BACKOFF_MAX_S + 60 s < WORKER_CONSUMER_TIMEOUT_S``.
     """
+
+
+class BrokerRefusedError(ConfigError):
+    """The broker refused the connection: wrong credentials, or no access to the vhost.
+
+    Retrying cannot help, so the worker exits 2 at once instead of reconnecting forever.
+    """
+
+
+class TargetError(ConfigError):
+    """``module:attribute`` does not name an importable Worker (or a factory returning one)."""
 
 
 class InvalidErrorCodeError(ConfigError):

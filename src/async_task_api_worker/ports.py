@@ -130,18 +130,20 @@ class Action(StrEnum):
     """How a delivery was settled with the broker (the decision line's ``action``).
 
     - ``ack``: the task succeeded and its ``success`` report was confirmed, then acked;
-    - ``conclude``: the task ended with a confirmed ``failure`` report (or, cancelled, with no
-      report at all), then acked;
+    - ``conclude``: the task ended with a confirmed ``failure`` report, then acked;
     - ``nack-requeue``: put back in the queue, to be delivered again (``requeue_counted`` on the
       settlement tells a failed attempt from a give-back);
     - ``reject``: refused without requeue (dead-lettered where the queue has a dead-letter
-      exchange): a poison body whose task id could not be recovered, so nobody can be told.
+      exchange): a poison body whose task id could not be recovered, so nobody can be told;
+    - ``none``: nothing is sent to the broker: the transport withdrew the delivery (its channel
+      closed, so the broker requeued it; or its Step Functions task token went stale).
     """
 
     ACK = "ack"
     CONCLUDE = "conclude"
     NACK_REQUEUE = "nack-requeue"
     REJECT = "reject"
+    NONE = "none"
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from enum import StrEnum
 from typing import Annotated, Any, Final
 
-from pydantic import Field, SecretStr, ValidationError
+from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from async_task_api_worker.errors import SettingsError, TimeBudgetError
@@ -111,6 +111,13 @@ class WorkerSettings(BaseSettings):
     """Port of the probes server (``/health``, ``/ready``, ``/metrics``); 0 picks a free one."""
     log_level: LogLevel = LogLevel.INFO
     """Level of the SDK's JSON logs."""
+
+    @field_validator("broker_url")
+    @classmethod
+    def _amqp_url(cls, value: SecretStr) -> SecretStr:
+        if not value.get_secret_value().startswith(("amqp://", "amqps://")):
+            raise ValueError("must be an amqp:// or amqps:// URL")
+        return value
 
     @classmethod
     def settings_customise_sources(

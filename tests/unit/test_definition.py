@@ -107,7 +107,22 @@ def test_a_worker_without_a_task_says_so() -> None:
     assert "@worker.task" in one_line(error)
 
 
-@pytest.mark.parametrize("timeout", [0, -1, float("nan"), float("inf"), True, "30", None])
+def test_a_missing_timeout_is_refused() -> None:
+    with pytest.raises(InvalidTimeoutError) as error:
+        Worker("svc").task()
+    assert "needs timeout=SECONDS" in one_line(error)
+
+
+def test_the_bare_decorator_is_refused() -> None:
+    async def handle(task_input: In, ctx: TaskContext) -> Out:
+        return Out(value=1)
+
+    with pytest.raises(HandlerSignatureError) as error:
+        Worker("svc").task(handle)  # type: ignore[call-arg]
+    assert "@worker.task(timeout=SECONDS)" in one_line(error)
+
+
+@pytest.mark.parametrize("timeout", [0, -1, float("nan"), float("inf"), True, "30"])
 def test_an_invalid_timeout_is_refused(timeout: Any) -> None:
     with pytest.raises(InvalidTimeoutError) as error:
         Worker("svc").task(timeout=timeout)
@@ -121,7 +136,7 @@ def test_an_async_handler_with_a_sync_context_is_refused() -> None:
         async def handle(task_input: In, ctx: SyncTaskContext) -> Out:
             return Out(value=1)
 
-    assert "exactly TaskContext" in one_line(error)
+    assert one_line(error).endswith("exactly TaskContext (an async def handler)")
 
 
 def test_a_def_handler_with_an_async_context_is_refused() -> None:
@@ -131,7 +146,7 @@ def test_a_def_handler_with_an_async_context_is_refused() -> None:
         def handle(task_input: In, ctx: TaskContext) -> Out:
             return Out(value=1)
 
-    assert "exactly SyncTaskContext" in one_line(error)
+    assert one_line(error).endswith("exactly SyncTaskContext (a plain def handler)")
 
 
 def test_a_context_subclass_is_refused() -> None:

@@ -118,3 +118,33 @@ async def test_a_thread_raising_timeout_error_itself_is_not_a_task_timeout() -> 
     with pytest.raises(TimeoutError, match="socket"):
         await executor.execute(req)
     await executor.aclose()
+
+
+async def test_an_abandoned_thread_is_replaced_so_the_next_task_runs() -> None:
+    release = threading.Event()
+    ran: list[str] = []
+
+    def handler(task_input: Model, ctx: object) -> str:
+        ran.append(threading.current_thread().name)
+        if len(ran) == 1:
+            release.wait(10)
+        return "done"
+
+    executor = ThreadExecutor(max_threads=1)
+
+    def make(task_id: str, timeout_s: float) -> ExecutionRequest:
+        return ExecutionRequest(
+            handler=handler,
+            task_input=Model(),
+            raw_input={},
+            context=make_sync_task_context(),
+            timeout_s=timeout_s,
+            task_id=task_id,
+        )
+
+    with pytest.raises(TaskTimeoutError):
+        await executor.execute(make("stuck", 0.05))
+    assert await executor.execute(make("next", 5)) == "done"
+    assert len(ran) == 2 and ran[0] != ran[1]
+    release.set()
+    await executor.aclose()

@@ -144,3 +144,18 @@ def test_the_budget_rule_fails_with_the_numbers(
 def test_the_budget_uses_the_override_when_it_fits() -> None:
     settings = load_settings({"worker_task_timeout_s": 10}, read_environment=False)
     assert check_time_budget(settings, 5000.0) == 10.0
+
+
+@pytest.mark.parametrize("url", ["http://u:pw@h/", "localhost:5672", ""])
+def test_the_broker_url_must_be_amqp(url: str) -> None:
+    with pytest.raises(SettingsError, match=r"invalid setting BROKER_URL: .*amqp://") as error:
+        load_settings({"broker_url": url}, read_environment=False)
+    assert "pw" not in str(error.value)
+
+
+def test_an_amqps_url_is_accepted() -> None:
+    url = "amqps://u:p@h:5671/v"
+    assert (
+        load_settings({"broker_url": url}, read_environment=False).broker_url.get_secret_value()
+        == url
+    )

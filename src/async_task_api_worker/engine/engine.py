@@ -304,7 +304,7 @@ class Engine:
         await throttle.close(flush=not isinstance(result, Stopped))
         if isinstance(result, Stopped):
             if result.outcome is Outcome.CANCELLED:
-                return _Verdict(Outcome.CANCELLED, Action.CONCLUDE)
+                return _Verdict(Outcome.CANCELLED, Action.NONE)
             return _Verdict(Outcome.SHUTDOWN_REQUEUED, Action.NACK_REQUEUE)
         return await self._conclude(run, result, stop)
 
@@ -458,7 +458,7 @@ class Engine:
                 await self._transport.requeue(run.delivery, count_attempt=verdict.counted)
             elif verdict.action is Action.REJECT:
                 await self._transport.reject(run.delivery)
-            else:
+            elif verdict.action is not Action.NONE:
                 await self._transport.ack(run.delivery)
         except Exception as exc:
             # SettleError is the adapter's word for it; anything else is an adapter bug, but the

@@ -40,7 +40,12 @@ def _call(request: ExecutionRequest) -> Any:
 
 
 class _DaemonThreads:
-    """Up to ``max_threads`` daemon threads, started on demand, taking calls from a queue."""
+    """Daemon threads started on demand, taking calls from a queue.
+
+    At most ``max_threads`` threads serve calls, not counting threads whose call was abandoned
+    (:meth:`abandoned`): a stuck thread keeps running, but a fresh one takes its place, so a
+    task never waits for a slot that will not come back (and times out without having run).
+    """
 
     def __init__(self, max_threads: int, prefix: str) -> None:
         self._max_threads = max_threads
@@ -49,7 +54,13 @@ class _DaemonThreads:
         self._idle = threading.Semaphore(0)
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
+        self._stuck = 0
         self._closed = False
+
+    def abandoned(self, count: int) -> None:
+        """Tell the pool that ``count`` more (or, negative, fewer) threads are stuck."""
+        with self._lock:
+            self._stuck += count
 
     def submit(self, function: Callable[[], Any]) -> Future[Any]:
         future: Future[Any] = Future()
@@ -57,7 +68,10 @@ class _DaemonThreads:
             if self._closed:
                 raise RuntimeError("the thread executor is closed")
             self._calls.put((future, function))
-            if not self._idle.acquire(blocking=False) and len(self._threads) < self._max_threads:
+            alive = [thread for thread in self._threads if thread.is_alive()]
+            self._threads = alive
+            limit = self._max_threads + self._stuck
+            if not self._idle.acquire(blocking=False) and len(alive) < limit:
                 thread = threading.Thread(
                     target=self._work, name=f"{self._prefix}-{len(self._threads)}", daemon=True
                 )
@@ -145,6 +159,7 @@ class ThreadExecutor:
             if future.cancel() or future.done():
                 return
             self._abandoned.add(future)
+            self._threads.abandoned(1)
             task_id = self._running.get(future)
         _logger.warning(
             "A handler thread is still running and cannot be stopped", extra={"task_id": task_id}
@@ -153,7 +168,9 @@ class ThreadExecutor:
     def _finished(self, future: Future[Any]) -> None:
         with self._lock:
             self._running.pop(future, None)
-            self._abandoned.discard(future)
+            if future in self._abandoned:
+                self._abandoned.discard(future)
+                self._threads.abandoned(-1)
 
     async def aclose(self) -> None:
         """Stop taking work; threads still running are left to finish (they cannot be killed)."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import traceback
 
-__all__ = ["exception_type_name", "safe_traceback"]
+__all__ = ["exception_type_name", "redact_url", "safe_traceback"]
 
 _MAX_FRAMES = 50
 
@@ -43,3 +43,21 @@ def safe_traceback(exc: BaseException) -> str:
             None if current.__suppress_context__ else current.__context__
         )
     return "\nCaused by (or while handling):\n".join(reversed(blocks))
+
+
+def redact_url(url: str) -> str:
+    """``url`` with its password replaced by ``***`` (``amqp://user:***@host:5672/vhost``)."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    try:
+        parts = urlsplit(url)
+        if parts.password is None:
+            return url
+        host = parts.hostname or ""
+        if ":" in host:  # an IPv6 literal
+            host = f"[{host}]"
+        port = f":{parts.port}" if parts.port is not None else ""
+        netloc = f"{parts.username or ''}:***@{host}{port}"
+        return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+    except ValueError:
+        return "(a URL that does not parse)"

@@ -48,6 +48,8 @@ class Outcome(StrEnum):
     """Requeued: a retry, a publish that was not confirmed, or a give-back at shutdown."""
     REJECTED = "rejected"
     """Rejected without requeue (dead-lettered): a poison body with no usable task id."""
+    WITHDRAWN = "withdrawn"
+    """Not settled: the transport withdrew the delivery (the broker requeued it itself)."""
 
 
 _OUTCOME_OF_ACTION = {
@@ -55,6 +57,7 @@ _OUTCOME_OF_ACTION = {
     Action.CONCLUDE: Outcome.ACKED,
     Action.NACK_REQUEUE: Outcome.NACKED_REQUEUE,
     Action.REJECT: Outcome.REJECTED,
+    Action.NONE: Outcome.WITHDRAWN,
 }
 
 
@@ -152,7 +155,11 @@ class WorkerHarness:
         self.worker = worker
         self.settings = load_settings(values, read_environment=False)
         task = worker.task_definition
-        check_time_budget(self.settings, task.timeout_s)
+        # The budget is checked as production would: with the overrides, but with the real
+        # backoff cap, not the harness's millisecond.
+        check_time_budget(
+            load_settings(settings_overrides or {}, read_environment=False), task.timeout_s
+        )
         self.transport = InMemoryTransport(prefetch=self.settings.worker_concurrency)
         """The in-memory broker: its ``published``, ``acked`` and ``dead_letters``."""
         self.events: list[EngineEvent] = []

@@ -358,6 +358,17 @@ async def test_concurrent_submits_are_each_settled_once() -> None:
     assert all(run.message_types == ("started", "success") for run in runs)
 
 
+def test_the_harness_checks_the_budget_with_the_production_backoff_cap() -> None:
+    worker = Worker("svc")
+
+    @worker.task(timeout=1720.0)  # 1720 + 30 + 60 = 1810 s: over 1800 s in production
+    async def handle(task_input: Input, ctx: TaskContext) -> Output:
+        return Output(echoed="")
+
+    with pytest.raises(TimeBudgetError):
+        WorkerHarness(worker)
+
+
 def test_the_harness_checks_the_time_budget_as_at_startup() -> None:
     with pytest.raises(TimeBudgetError) as error:
         WorkerHarness(make_worker("ok"), settings_overrides={"worker_task_timeout_s": 1800})

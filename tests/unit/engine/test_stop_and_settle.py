@@ -131,7 +131,8 @@ async def test_a_delivery_cancel_stops_the_handler_and_publishes_nothing_more() 
     delivery.cancel_token.cancel("task token is stale")
     delivery.cancel_token.cancel("twice is harmless")
     settlement = await handling
-    assert (settlement.outcome, settlement.action) == (Outcome.CANCELLED, Action.CONCLUDE)
+    assert (settlement.outcome, settlement.action) == (Outcome.CANCELLED, Action.NONE)
+    assert transport.unacked_count == 1  # nothing was sent: the transport owns the consequence
     assert delivery.cancel_token.reason == "task token is stale"
     assert cancelled == [True]
     assert [p.report.type for p in transport.published] == ["started"]
