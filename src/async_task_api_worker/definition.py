@@ -280,6 +280,39 @@ class Worker:
 
         return register if probe is None else register(probe)
 
+    def run(self) -> None:
+        """Run the worker on RabbitMQ until SIGTERM or SIGINT; blocks until it has stopped.
+
+        The settings are read from the environment and checked before connecting. A non-zero
+        exit code (2: configuration, 1: failure) exits the process with it
+        (:class:`~async_task_api_worker.runtime.ExitCode`).
+
+        Raises:
+            SystemExit: with the exit code, when it is not 0.
+        """
+        # The one import of a higher layer from here, kept late on purpose (the runtime
+        # imports this module): .importlinter lists it as the only exception.
+        from async_task_api_worker.runtime.entry import run_worker
+
+        code = run_worker(self)
+        if code:
+            raise SystemExit(int(code))
+
+    async def serve(self) -> None:
+        """Serve from the running event loop until the calling task is cancelled.
+
+        No signal handler is installed: the application owns them. Cancelling the task drains
+        the worker (as SIGTERM does) before the cancel propagates.
+
+        Raises:
+            SettingsError: a setting is invalid (checked before connecting).
+            BrokerRefusedError: the broker refused the connection.
+            BrokerUnavailableError: the broker was lost for good.
+        """
+        from async_task_api_worker.runtime.entry import serve_worker
+
+        await serve_worker(self)
+
     @property
     def task_definition(self) -> TaskDefinition:
         """The declared task.

@@ -210,14 +210,14 @@ class Engine:
 
     def _reporter_for(self, delivery: Delivery) -> DeliveryReporter:
         limit = self._settings.worker_delivery_limit
-        count_known = delivery.delivery_count is not None
-        if delivery.delivery_count is None:
+        count_known = delivery.delivery_count is not None and self._transport.delivery_count_known
+        if not count_known:
             # No broker count (a classic queue): only "first delivery or not" is known, so a
             # retry is allowed once, and a crash loop cannot be detected.
             attempt = 2 if delivery.redelivered else 1
             limit = min(limit, UNKNOWN_COUNT_LIMIT)
         else:
-            attempt = max(0, delivery.delivery_count) + 1
+            attempt = max(0, delivery.delivery_count or 0) + 1
         return DeliveryReporter(
             delivery=delivery,
             attempt=attempt,

@@ -72,6 +72,7 @@ class InMemoryTransport:
             a classic queue (``delivery_count`` is ``None``, only ``redelivered`` is set).
         queue_delivery_limit: the queue's own ``delivery-limit`` policy: a message requeued
             more times than this goes to :attr:`dead_letters`. ``None``: no limit.
+        on_publish: called with each confirmed report (the ``dev`` command prints them).
     """
 
     def __init__(
@@ -80,6 +81,7 @@ class InMemoryTransport:
         prefetch: int = 1,
         count_deliveries: bool = True,
         queue_delivery_limit: int | None = None,
+        on_publish: Callable[[PublishedReport], None] | None = None,
     ) -> None:
         self._prefetch = prefetch
         self._count_deliveries = count_deliveries
@@ -91,6 +93,7 @@ class InMemoryTransport:
         self._consuming = False
         self._closed = False
         self._fail_publishes: list[str | None] = []
+        self._on_publish = on_publish
         self.published: list[PublishedReport] = []
         """Every confirmed report, in publish order."""
         self.dead_letters: list[DeadLetter] = []
@@ -215,7 +218,10 @@ class InMemoryTransport:
             if wanted is None or wanted == report.type:
                 del self._fail_publishes[index]
                 raise PublishError(f"injected failure of the {report.type} publish")
-        self.published.append(PublishedReport(report, int(delivery.handle or 0)))
+        published = PublishedReport(report, int(delivery.handle or 0))
+        self.published.append(published)
+        if self._on_publish is not None:
+            self._on_publish(published)
 
     def _settle(self, delivery: Delivery) -> QueuedMessage:
         message = self._unacked.pop(int(delivery.handle or 0), None)

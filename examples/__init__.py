@@ -1,0 +1,1 @@
+"""Example workers (``async-task-api-worker run examples.count_words:worker``)."""

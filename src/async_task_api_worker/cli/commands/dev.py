@@ -1,0 +1,126 @@
+"""``dev my_module:worker [FILE]``: the worker on the embedded broker, reports on stdout.
+
+Each line of FILE (or stdin) is a task input, a JSON object; each published report is printed
+as one JSON line, its canonical bytes, as soon as it is confirmed. A line that is not a JSON
+object is reported on stderr and skipped. Logs go to stderr.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import sys
+from typing import IO
+
+from async_task_api_worker.cli.loading import load_worker
+from async_task_api_worker.client import build_envelope
+from async_task_api_worker.definition import Worker
+from async_task_api_worker.errors import ReportEncodeError
+from async_task_api_worker.observability.logging import configure_logging
+from async_task_api_worker.runtime.entry import prepare
+from async_task_api_worker.runtime.exit_codes import ExitCode
+from async_task_api_worker.runtime.runner import Runner
+from async_task_api_worker.runtime.signals import shutdown_on_signals
+from async_task_api_worker.settings import WorkerSettings
+from async_task_api_worker.transports.memory import InMemoryTransport, PublishedReport
+
+__all__ = ["dev_command"]
+
+
+class _ReportPrinter:
+    """Prints each confirmed report as one line; stops everything if stdout goes away."""
+
+    def __init__(self) -> None:
+        self.closed = asyncio.Event()
+
+    def __call__(self, published: PublishedReport) -> None:
+        if self.closed.is_set():
+            return
+        try:
+            sys.stdout.write(published.report.body.decode("utf-8", "surrogateescape") + "\n")
+            sys.stdout.flush()
+        except (BrokenPipeError, ValueError):
+            # `dev ... | head`: the reader is gone. Nothing more can be shown, so stop, and keep
+            # the interpreter's final flush from failing on the dead pipe.
+            with contextlib.suppress(OSError, ValueError):
+                devnull = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(devnull, sys.stdout.fileno())
+            self.closed.set()
+
+
+async def _serve(worker: Worker, settings: WorkerSettings, source: IO[str]) -> int:
+    printer = _ReportPrinter()
+    transport = InMemoryTransport(prefetch=settings.worker_concurrency, on_publish=printer)
+    runner = Runner(worker, settings, transport)
+    refused = 0
+    with shutdown_on_signals(runner.request_shutdown):
+        serving = asyncio.ensure_future(runner.serve())
+        reading = asyncio.ensure_future(_feed(worker, transport, source))
+        closed = asyncio.ensure_future(printer.closed.wait())
+        await asyncio.wait({reading, closed}, return_when=asyncio.FIRST_COMPLETED)
+        if printer.closed.is_set():
+            reading.cancel()
+            runner.request_shutdown("stdout closed")
+            runner.request_shutdown("stdout closed")  # no grace: nobody can see the reports
+            await serving
+            return ExitCode.OK
+        closed.cancel()
+        refused = reading.result()
+        joined = asyncio.ensure_future(transport.join())
+        await asyncio.wait({joined, closed}, return_when=asyncio.FIRST_COMPLETED)
+        joined.cancel()
+        runner.request_shutdown("the input ended")
+        code = await serving
+    return ExitCode.FAILURE if refused and code is ExitCode.OK else int(code)
+
+
+async def _feed(worker: Worker, transport: InMemoryTransport, source: IO[str]) -> int:
+    """Queue one task per input line; returns how many lines were refused."""
+    refused = 0
+    number = 0
+    while True:
+        line = await asyncio.to_thread(source.readline)
+        if not line:
+            break
+        number += 1
+        if not line.strip():
+            continue
+        try:
+            task_input = json.loads(line)
+            if not isinstance(task_input, dict):
+                raise TypeError("not a JSON object")
+            _, body = build_envelope(
+                task_input, service=worker.name, task_id=f"dev-{number}", client_id="dev"
+            )
+        except (ValueError, TypeError, ReportEncodeError) as exc:
+            refused += 1
+            print(f"line {number}: not a JSON object task input ({exc})", file=sys.stderr)
+            continue
+        transport.put(body)
+    return refused
+
+
+def dev_command(target: str, path: str) -> int:
+    """Run ``target`` on the in-memory broker over the task inputs of ``path`` (``-``: stdin).
+
+    Returns:
+        0 when every line was a task input and every task was settled (whatever its outcome),
+        1 if a line was refused.
+
+    Raises:
+        ConfigError: the target, its definition or a setting is wrong (the caller exits 2).
+    """
+    worker = load_worker(target)
+    settings = prepare(worker)
+    configure_logging(settings.log_level)
+    if path == "-":
+        return asyncio.run(_serve(worker, settings, sys.stdin))
+    try:
+        source = open(path, encoding="utf-8")  # noqa: SIM115 - closed below
+    except OSError as exc:
+        print(f"async-task-api-worker: cannot read {path}: {exc.strerror}", file=sys.stderr)
+        return ExitCode.CONFIG
+    with source:
+        return asyncio.run(_serve(worker, settings, source))

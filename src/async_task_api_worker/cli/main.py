@@ -1,0 +1,86 @@
+"""Argument parsing and the mapping of errors to exit codes (0 ok, 1 failure, 2 usage)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from async_task_api_worker._version import __version__
+from async_task_api_worker.errors import ConfigError
+from async_task_api_worker.runtime.exit_codes import ExitCode
+
+__all__ = ["main"]
+
+PROG = "async-task-api-worker"
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG, description="Run and try AsyncTaskAPI task workers."
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    run = commands.add_parser(
+        "run", help="run a worker on RabbitMQ until SIGTERM/SIGINT (settings from the environment)"
+    )
+    run.add_argument("target", help="my_module:worker (a Worker, or a function returning one)")
+
+    dev = commands.add_parser(
+        "dev",
+        help="run a worker on the embedded in-memory broker, task inputs as JSON lines",
+    )
+    dev.add_argument("target", help="my_module:worker")
+    dev.add_argument(
+        "file", nargs="?", default="-", help="JSON lines of task inputs (default: stdin)"
+    )
+
+    submit = commands.add_parser(
+        "submit", help="publish one task to a worker and print its reports until the last"
+    )
+    submit.add_argument("input", help="the task input, a JSON object")
+    submit.add_argument("--service", required=True, help="the worker's service name")
+    submit.add_argument("--client-id", default="cli", help="the envelope's client id")
+    submit.add_argument("--task-id", default=None, help="the task id (default: a new UUID)")
+    submit.add_argument(
+        "--input-ref",
+        action="append",
+        default=[],
+        metavar="JSON",
+        help='an input reference, e.g. \'{"name": "video", "uri": "s3://b/k"}\' (repeatable)',
+    )
+    submit.add_argument(
+        "--timeout-s",
+        type=float,
+        default=None,
+        help="give up (exit 1) after this many seconds without the terminal report",
+    )
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the process exit code."""
+    arguments = _parser().parse_args(argv)
+    try:
+        if arguments.command == "run":
+            from async_task_api_worker.cli.commands.run import run_command
+
+            return run_command(arguments.target)
+        if arguments.command == "dev":
+            from async_task_api_worker.cli.commands.dev import dev_command
+
+            return dev_command(arguments.target, arguments.file)
+        from async_task_api_worker.cli.commands.submit import submit_command
+
+        return submit_command(
+            arguments.input,
+            service=arguments.service,
+            client_id=arguments.client_id,
+            task_id=arguments.task_id,
+            input_refs=arguments.input_ref,
+            timeout_s=arguments.timeout_s,
+        )
+    except ConfigError as exc:
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return ExitCode.CONFIG

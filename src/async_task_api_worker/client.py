@@ -1,0 +1,199 @@
+"""Submit tasks to a worker and follow their reports: the producer's side, for people and tests.
+
+Example::
+
+    async with TaskClient.from_settings(service="count-words") as client:
+        task_id = await client.submit({"text": "hello big world"})
+        async for report in client.reports(task_id):
+            print(report.type)
+
+It publishes the envelope the AsyncTaskAPI would publish (docs/protocol.md, "The envelope") to
+the worker's input queue and reads that task's reports from its output queue. Reports of tasks
+it did not submit are given back for their owners: point it at an output queue nobody else
+consumes (a development or staging set-up), since RabbitMQ before 4.3 counts each give-back as
+a delivery of that report.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Mapping, Sequence
+from types import TracebackType
+from typing import Any
+
+from async_task_api_worker.errors import ProtocolError
+from async_task_api_worker.protocol.encoding import canonical_dumps
+from async_task_api_worker.protocol.envelope import PROTOCOL_VERSION, InputRef
+from async_task_api_worker.protocol.reports import (
+    FailureReport,
+    ProgressReport,
+    StartedReport,
+    SuccessReport,
+    decode_report,
+)
+from async_task_api_worker.settings import WorkerSettings, load_settings
+from async_task_api_worker.transports.rabbitmq.client import RabbitMQProducer, ReportMessage
+
+__all__ = ["AnyReport", "TaskClient", "build_envelope"]
+
+AnyReport = StartedReport | ProgressReport | SuccessReport | FailureReport
+
+
+def build_envelope(
+    task_input: Mapping[str, Any],
+    *,
+    service: str,
+    task_id: str | None = None,
+    client_id: str = "cli",
+    input_refs: Sequence[InputRef | Mapping[str, Any]] = (),
+) -> tuple[str, bytes]:
+    """Build the envelope bytes the API publishes for one task.
+
+    Returns:
+        ``(task_id, body)``; the task id is a new UUID unless given.
+    """
+    task_id = str(uuid.uuid4()) if task_id is None else task_id
+    envelope = {
+        "protocol_version": PROTOCOL_VERSION,
+        "task_id": task_id,
+        "client_id": client_id,
+        "service": service,
+        "input": dict(task_input),
+        "input_refs": [
+            ref.model_dump(exclude_none=True) if isinstance(ref, InputRef) else dict(ref)
+            for ref in input_refs
+        ],
+    }
+    return task_id, canonical_dumps(envelope)
+
+
+class TaskClient:
+    """Submits tasks to one worker service and yields each task's reports.
+
+    Args:
+        url: the AMQP URL (``BROKER_URL``).
+        service: the worker's service name (the envelope's ``service``).
+        in_queue: the worker's input queue (default ``<service>_queue_in``).
+        out_queue: the worker's output queue (default ``<service>_queue_out``).
+    """
+
+    def __init__(
+        self, *, url: str, service: str, in_queue: str | None = None, out_queue: str | None = None
+    ) -> None:
+        self.service = service
+        self._producer = RabbitMQProducer(
+            url=url,
+            in_queue=in_queue or f"{service}_queue_in",
+            out_queue=out_queue or f"{service}_queue_out",
+        )
+        self._inboxes: dict[str, asyncio.Queue[AnyReport]] = {}
+        self._started = False
+
+    @classmethod
+    def from_settings(cls, *, service: str, settings: WorkerSettings | None = None) -> TaskClient:
+        """A client reading ``BROKER_URL`` and the queue names as a worker does.
+
+        Raises:
+            SettingsError: a setting is invalid.
+        """
+        settings = settings or load_settings()
+        return cls(
+            url=settings.broker_url.get_secret_value(),
+            service=service,
+            in_queue=settings.in_queue(service),
+            out_queue=settings.out_queue(service),
+        )
+
+    async def __aenter__(self) -> TaskClient:
+        await self.connect()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def connect(self) -> None:
+        """Connect and start reading the output queue.
+
+        Raises:
+            BrokerRefusedError: the broker refused the credentials or the vhost.
+            BrokerUnavailableError: the broker was not reached in time.
+        """
+        await self._producer.connect()
+        await self._producer.consume_reports(self._on_report)
+        self._started = True
+
+    async def close(self) -> None:
+        """Close the connection; reports not yet acked go back to the output queue."""
+        await self._producer.close()
+
+    async def submit(
+        self,
+        task_input: Mapping[str, Any],
+        *,
+        task_id: str | None = None,
+        client_id: str = "cli",
+        input_refs: Sequence[InputRef | Mapping[str, Any]] = (),
+    ) -> str:
+        """Publish one task and start collecting its reports.
+
+        Returns:
+            The task id.
+
+        Raises:
+            PublishError: the broker did not confirm the envelope.
+            ReportEncodeError: the input is not canonical JSON.
+        """
+        task_id, body = build_envelope(
+            task_input,
+            service=self.service,
+            task_id=task_id,
+            client_id=client_id,
+            input_refs=input_refs,
+        )
+        self._inboxes.setdefault(task_id, asyncio.Queue())
+        await self._producer.publish(body, message_id=task_id)
+        return task_id
+
+    async def publish_raw(self, body: bytes) -> None:
+        """Publish ``body`` to the input queue as it is (a hand-made or poison message).
+
+        Raises:
+            PublishError: the broker did not confirm it.
+        """
+        await self._producer.publish(body)
+
+    def watch(self, task_id: str) -> None:
+        """Collect the reports of ``task_id`` even though this client did not submit it."""
+        self._inboxes.setdefault(task_id, asyncio.Queue())
+
+    async def reports(self, task_id: str) -> AsyncIterator[AnyReport]:
+        """Yield the reports of ``task_id`` in order, ending after its terminal report.
+
+        Raises:
+            KeyError: this client neither submitted nor watches ``task_id``.
+        """
+        inbox = self._inboxes[task_id]
+        while True:
+            report = await inbox.get()
+            yield report
+            if isinstance(report, SuccessReport | FailureReport):
+                return
+
+    async def _on_report(self, message: ReportMessage) -> None:
+        inbox = self._inboxes.get(message.correlation_id or "")
+        if inbox is None:
+            message.give_back()
+            return
+        try:
+            report = decode_report(message.body)
+        except ProtocolError:
+            message.give_back()
+            return
+        inbox.put_nowait(report)
+        await message.ack()

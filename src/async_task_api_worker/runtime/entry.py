@@ -1,0 +1,99 @@
+"""Running a worker from code (``worker.run()``, ``await worker.serve()``) or the CLI.
+
+Startup order (seed, "Running a worker"): the settings are read and validated, and the time
+budget checked, before any connection; an invalid configuration exits 2 with one line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+from async_task_api_worker.definition import Worker
+from async_task_api_worker.errors import BrokerUnavailableError, ConfigError
+from async_task_api_worker.observability.logging import configure_logging
+from async_task_api_worker.runtime.exit_codes import ExitCode
+from async_task_api_worker.runtime.runner import Runner
+from async_task_api_worker.runtime.signals import shutdown_on_signals
+from async_task_api_worker.settings import WorkerSettings, check_time_budget, load_settings
+
+__all__ = ["prepare", "run_worker", "serve_worker"]
+
+_logger = logging.getLogger("async_task_api_worker.runtime")
+
+
+def prepare(worker: Worker, overrides: Mapping[str, Any] | None = None) -> WorkerSettings:
+    """Load the settings and check the worker against them, before any connection.
+
+    Raises:
+        SettingsError: a setting is invalid (``TimeBudgetError``: the time budget fails).
+        NoTaskError: the worker has no task.
+    """
+    settings = load_settings(overrides)
+    check_time_budget(settings, worker.task_definition.timeout_s)
+    return settings
+
+
+def rabbitmq_runner(worker: Worker, settings: WorkerSettings) -> Runner:
+    """A runner for ``worker`` on the RabbitMQ broker of ``BROKER_URL``."""
+    from async_task_api_worker.transports.rabbitmq import RabbitMQTransport
+
+    transport = RabbitMQTransport(
+        url=settings.broker_url.get_secret_value(),
+        in_queue=settings.in_queue(worker.name),
+        out_queue=settings.out_queue(worker.name),
+        prefetch=settings.worker_concurrency,
+        service=worker.name,
+    )
+    return Runner(worker, settings, transport)
+
+
+async def serve_worker(worker: Worker, settings: WorkerSettings | None = None) -> None:
+    """Serve ``worker`` from the running event loop until cancelled or the transport gives up.
+
+    Installs no signal handler (the application owns them); cancel the calling task to stop:
+    the worker drains as on SIGTERM, then the cancel propagates.
+
+    Raises:
+        SettingsError: a setting is invalid, checked before connecting.
+        BrokerRefusedError: the broker refused the connection.
+        BrokerUnavailableError: the transport gave up.
+    """
+    runner = rabbitmq_runner(worker, settings or prepare(worker))
+    serving = asyncio.ensure_future(runner.serve())
+    try:
+        code = await asyncio.shield(serving)
+    except asyncio.CancelledError:
+        runner.request_shutdown("the serving task was cancelled")
+        await serving
+        raise
+    if code is not ExitCode.OK:
+        raise BrokerUnavailableError("the transport gave up; see the log")
+
+
+async def _run(runner: Runner) -> ExitCode:
+    with shutdown_on_signals(runner.request_shutdown):
+        return await runner.serve()
+
+
+def run_worker(worker: Worker, *, runner: Runner | None = None) -> ExitCode:
+    """Run ``worker`` until SIGTERM/SIGINT, in a new event loop; returns the exit code.
+
+    Errors become exit codes with one line on stderr: 2 for configuration (a bad setting, the
+    time budget, refused credentials), 1 for a broker that cannot be reached.
+    """
+    try:
+        if runner is None:
+            settings = prepare(worker)
+            configure_logging(settings.log_level)
+            runner = rabbitmq_runner(worker, settings)
+        return asyncio.run(_run(runner))
+    except ConfigError as exc:
+        print(f"async-task-api-worker: {exc}", file=sys.stderr)
+        return ExitCode.CONFIG
+    except BrokerUnavailableError as exc:
+        print(f"async-task-api-worker: {exc}", file=sys.stderr)
+        return ExitCode.FAILURE

@@ -1,0 +1,70 @@
+"""aio-pika and aiormq exceptions, translated into the SDK's (``raise ... from exc``)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import aiormq
+from aio_pika.exceptions import ChannelInvalidStateError
+
+from async_task_api_worker.errors import (
+    BrokerRefusedError,
+    PublishError,
+    SettleError,
+)
+
+__all__ = ["is_refusal", "publish_errors", "settle_errors"]
+
+#: What a broker operation can raise when the connection or channel is gone or the broker says
+#: no: aiormq's protocol errors, a stale channel, the socket itself, or a confirm timeout.
+_BROKER_FAILURES = (
+    aiormq.exceptions.AMQPError,
+    ChannelInvalidStateError,
+    ConnectionError,
+    OSError,
+    asyncio.TimeoutError,
+    RuntimeError,  # aio-pika: "<Connection ...> closed" while a channel reopens
+)
+
+
+def is_refusal(exc: BaseException) -> bool:
+    """Whether a connection failure is the broker refusing us (retrying cannot help).
+
+    ``ACCESS_REFUSED`` on login arrives as ``ProbableAuthenticationError``; a vhost we may not
+    open closes the connection instead of answering ``Connection.OpenOk``, which aiormq reports
+    as ``InvalidFrameError``.
+    """
+    return isinstance(
+        exc,
+        aiormq.exceptions.ProbableAuthenticationError
+        | aiormq.exceptions.AuthenticationError
+        | aiormq.exceptions.InvalidFrameError,
+    )
+
+
+def refused(exc: BaseException, url_for_logs: str) -> BrokerRefusedError:
+    """The error to raise for a refusal, naming the broker without its password."""
+    return BrokerRefusedError(
+        f"the broker at {url_for_logs} refused the connection ({type(exc).__name__}): "
+        "check the credentials and the vhost in BROKER_URL"
+    )
+
+
+@contextmanager
+def publish_errors(what: str) -> Iterator[None]:
+    """Raise :class:`PublishError` from any broker failure while publishing ``what``."""
+    try:
+        yield
+    except _BROKER_FAILURES as exc:
+        raise PublishError(f"{what} was not confirmed: {type(exc).__name__}") from exc
+
+
+@contextmanager
+def settle_errors(what: str) -> Iterator[None]:
+    """Raise :class:`SettleError` from any broker failure while settling (``what``)."""
+    try:
+        yield
+    except _BROKER_FAILURES as exc:
+        raise SettleError(f"{what} did not reach the broker: {type(exc).__name__}") from exc

@@ -1,0 +1,172 @@
+"""The producer's side of the protocol on RabbitMQ: publish envelopes, consume reports.
+
+Used by :mod:`async_task_api_worker.client` (the ``submit`` command, the integration tests and
+the benchmarks); the only other module, with ``transport``, that imports aio-pika.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Final
+
+import aio_pika
+from aio_pika.abc import (
+    AbstractChannel,
+    AbstractIncomingMessage,
+    AbstractQueue,
+    AbstractRobustConnection,
+)
+
+from async_task_api_worker.errors import BrokerUnavailableError, TransportError
+from async_task_api_worker.observability.redaction import redact_url
+from async_task_api_worker.transports.rabbitmq._errors import is_refusal, publish_errors, refused
+from async_task_api_worker.transports.rabbitmq.topology import declare_queue
+
+__all__ = ["RabbitMQProducer", "ReportMessage"]
+
+_logger = logging.getLogger("async_task_api_worker.client")
+
+#: How long a report of another task waits before it is given back: a consumer that gave it
+#: back at once would receive it again at once, in a loop.
+GIVE_BACK_DELAY_S: Final = 0.2
+
+
+class ReportMessage:
+    """A report as consumed from the output queue; ``ack`` or ``give_back`` it once."""
+
+    __slots__ = ("_message", "body", "correlation_id")
+
+    def __init__(self, message: AbstractIncomingMessage) -> None:
+        self._message = message
+        self.body = message.body
+        self.correlation_id = message.correlation_id
+
+    async def ack(self) -> None:
+        """Remove the report from the output queue (it is ours)."""
+        with contextlib.suppress(Exception):  # a lost channel: the report comes back anyway
+            await self._message.ack()
+
+    def give_back(self) -> None:
+        """Leave the report in the queue for its owner (``basic.nack`` with requeue), soon.
+
+        Before RabbitMQ 4.3 this counts as a delivery of that report on a quorum queue.
+        """
+        task = asyncio.ensure_future(self._nack_later())
+        _PENDING.add(task)
+        task.add_done_callback(_PENDING.discard)
+
+    async def _nack_later(self) -> None:
+        await asyncio.sleep(GIVE_BACK_DELAY_S)
+        with contextlib.suppress(Exception):
+            await self._message.nack(requeue=True)
+
+
+_PENDING: set[asyncio.Future[None]] = set()
+
+
+class RabbitMQProducer:
+    """Publishes envelopes to a worker's input queue and consumes its output queue.
+
+    Args:
+        url: the AMQP URL; its password is never logged.
+        in_queue: the worker's input queue.
+        out_queue: the worker's output queue.
+        prefetch: the most reports held unacked at once.
+        connect_timeout_s: give up connecting after this many seconds.
+    """
+
+    def __init__(
+        self,
+        *,
+        url: str,
+        in_queue: str,
+        out_queue: str,
+        prefetch: int = 100,
+        connect_timeout_s: float = 10.0,
+    ) -> None:
+        self._url = url
+        self._in_queue = in_queue
+        self._out_queue = out_queue
+        self._prefetch = prefetch
+        self._connect_timeout_s = connect_timeout_s
+        self._connection: AbstractRobustConnection | None = None
+        self._publish_channel: AbstractChannel | None = None
+        self._consume_channel: AbstractChannel | None = None
+        self._reports: AbstractQueue | None = None
+
+    async def connect(self) -> None:
+        """Connect and declare both queues (durable, no arguments, as the worker does).
+
+        Raises:
+            BrokerRefusedError: the broker refused the credentials or the vhost.
+            BrokerUnavailableError: the broker was not reached in time.
+        """
+        try:
+            connection = await aio_pika.connect_robust(
+                self._url,
+                timeout=self._connect_timeout_s,
+                reconnect_interval=1.0,
+                client_properties={"connection_name": "async-task-api-worker client"},
+            )
+        except Exception as exc:
+            if is_refusal(exc):
+                raise refused(exc, redact_url(self._url)) from exc
+            raise BrokerUnavailableError(
+                f"the broker at {redact_url(self._url)} was not reachable ({type(exc).__name__})"
+            ) from exc
+        self._connection = connection
+        try:
+            self._publish_channel = await connection.channel(
+                publisher_confirms=True, on_return_raises=True
+            )
+            self._consume_channel = await connection.channel()
+            await self._consume_channel.set_qos(prefetch_count=self._prefetch)
+            await declare_queue(connection, self._publish_channel, self._in_queue)
+            # Consumed through the queue object declared on the robust channel: aio-pika
+            # restores the consumers of such queues after a reconnect, not of others.
+            self._reports = await declare_queue(connection, self._consume_channel, self._out_queue)
+        except Exception as exc:
+            await self.close()
+            raise TransportError(f"could not set up the queues: {type(exc).__name__}") from exc
+
+    async def publish(self, body: bytes, *, message_id: str | None = None) -> None:
+        """Publish ``body`` to the input queue (persistent, JSON) and wait for the confirm.
+
+        Raises:
+            PublishError: the broker did not confirm it.
+        """
+        with publish_errors("the task"):
+            if self._publish_channel is None:
+                raise ConnectionError("not connected")
+            await self._publish_channel.default_exchange.publish(
+                aio_pika.Message(
+                    body,
+                    content_type="application/json",
+                    content_encoding="utf-8",
+                    delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+                    message_id=message_id,
+                ),
+                routing_key=self._in_queue,
+                mandatory=True,
+            )
+
+    async def consume_reports(self, on_report: Callable[[ReportMessage], Awaitable[None]]) -> None:
+        """Call ``on_report`` for each report on the output queue, until :meth:`close`."""
+        queue = self._reports
+        if queue is None:
+            raise TransportError("connect() first")
+
+        async def deliver(message: AbstractIncomingMessage) -> None:
+            await on_report(ReportMessage(message))
+
+        await queue.consume(deliver)
+
+    async def close(self) -> None:
+        """Close the connection; idempotent."""
+        connection, self._connection = self._connection, None
+        if connection is not None and not connection.is_closed:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(connection.close(), timeout=5.0)

@@ -1,0 +1,416 @@
+"""The RabbitMQ transport: aio-pika consume/settle with publisher confirms.
+
+This package is the only place that imports aio-pika; every exception it raises is translated
+into the SDK's own in ``_errors``.
+
+RabbitMQ behaviours it follows (checked on 3.10 and documented for 4.x):
+
+- ``x-delivery-count`` is set on quorum queues only: absent (or 0) on a first delivery, then
+  1, 2... after each requeue, a dead consumer or a consumer timeout. A classic queue only sets
+  ``redelivered``: a redelivery without the header has an unknown count.
+- A failed attempt is settled with ``basic.reject(requeue=True)``, a give-back with
+  ``basic.nack(requeue=True)``: from RabbitMQ 4.3 only the first counts towards the delivery
+  limit (before 4.3 both do). ``multiple`` is never used.
+- When a channel closes (connection loss, consumer timeout, a precondition failure) the broker
+  requeues its unacked deliveries itself. Their handlers are cancelled, since another attempt
+  is already on its way, and they are never acked or nacked on the reopened channel (their
+  delivery tags belong to the dead one). aio-pika's robust channel reopens and restores the
+  consumer; if the consume channel closes again and again, the transport gives up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from decimal import Decimal
+from typing import Any, Final
+
+import aio_pika
+from aio_pika.abc import (
+    AbstractChannel,
+    AbstractIncomingMessage,
+    AbstractQueue,
+    AbstractRobustConnection,
+)
+from aio_pika.exceptions import ChannelInvalidStateError
+
+from async_task_api_worker.errors import (
+    BrokerUnavailableError,
+    PublishError,
+    SettleError,
+    TransportError,
+)
+from async_task_api_worker.observability.redaction import redact_url
+from async_task_api_worker.ports import Delivery
+from async_task_api_worker.protocol.reports import EncodedReport
+from async_task_api_worker.transports.rabbitmq._errors import (
+    is_refusal,
+    publish_errors,
+    refused,
+    settle_errors,
+)
+from async_task_api_worker.transports.rabbitmq.topology import declare_queue, is_quorum_queue
+
+__all__ = ["RabbitMQTransport"]
+
+_logger = logging.getLogger("async_task_api_worker.transports.rabbitmq")
+
+#: The consume channel may close this many times within :data:`CHANNEL_FAILURE_WINDOW_S`
+#: before the transport gives up (a broker that keeps closing it will not get better).
+MAX_CHANNEL_FAILURES: Final = 5
+CHANNEL_FAILURE_WINDOW_S: Final = 60.0
+
+
+@dataclass(slots=True, eq=False)
+class _Handle:
+    message: AbstractIncomingMessage
+    lost: bool = False
+
+
+class _GaveUp:
+    def __init__(self, error: TransportError) -> None:
+        self.error = error
+
+
+def delivery_count_of(headers: dict[str, Any], redelivered: bool) -> int | None:
+    """The broker's delivery count from the headers, or ``None`` when it is unknown.
+
+    ``x-delivery-count`` may arrive as any AMQP integer type (or a decimal); its absence means
+    0 on a first delivery and "unknown" on a redelivery (a classic queue).
+    """
+    value = headers.get("x-delivery-count")
+    if isinstance(value, int) and not isinstance(value, bool):
+        return max(0, value)
+    if isinstance(value, Decimal | float) and value == int(value):
+        return max(0, int(value))
+    if isinstance(value, bytes | str) and value.strip().isdigit():
+        return int(value)
+    return None if redelivered else 0
+
+
+class RabbitMQTransport:
+    """A :class:`~async_task_api_worker.ports.Transport` on RabbitMQ.
+
+    Args:
+        url: the AMQP URL (``BROKER_URL``); its password is never logged.
+        in_queue: the queue tasks are consumed from (``IN_QUEUE_NAME``).
+        out_queue: the queue reports are published to (``OUT_QUEUE_NAME``).
+        prefetch: the most unacked deliveries held at once (``WORKER_CONCURRENCY``).
+        service: the worker's name, shown as the connection's name in the broker.
+        connect_timeout_s: give up connecting after this many seconds (``None``: keep trying,
+            with a backoff capped at 30 s).
+        publish_timeout_s: how long a publish waits for the broker's confirm, in seconds.
+        reconnect_interval_s: aio-pika's wait between reconnection attempts, in seconds.
+    """
+
+    def __init__(
+        self,
+        *,
+        url: str,
+        in_queue: str,
+        out_queue: str,
+        prefetch: int,
+        service: str = "worker",
+        connect_timeout_s: float | None = None,
+        publish_timeout_s: float = 30.0,
+        reconnect_interval_s: float = 1.0,
+    ) -> None:
+        self._url = url
+        self._url_for_logs = redact_url(url)
+        self._in_queue_name = in_queue
+        self._out_queue_name = out_queue
+        self._prefetch = prefetch
+        self._service = service
+        self._connect_timeout_s = connect_timeout_s
+        self._publish_timeout_s = publish_timeout_s
+        self._reconnect_interval_s = reconnect_interval_s
+        self._connection: AbstractRobustConnection | None = None
+        self._consume_channel: AbstractChannel | None = None
+        self._publish_channel: AbstractChannel | None = None
+        self._in_queue: AbstractQueue | None = None
+        self._count_known = True
+        self._inbox: asyncio.Queue[Delivery | _GaveUp | None] = asyncio.Queue()
+        self._in_flight: dict[int, Delivery] = {}
+        self._consumer_tag: str | None = None
+        self._stopping = False
+        self._channel_failures: list[float] = []
+        self._channel_open = True
+
+    # ------------------------------------------------------------------ connecting
+
+    @property
+    def delivery_count_known(self) -> bool:
+        """Whether the input queue keeps a delivery count (a quorum queue)."""
+        return self._count_known
+
+    @property
+    def connected(self) -> bool:
+        """Whether the connection is open right now (``False`` while it reconnects)."""
+        return self._connection is not None and not self._connection.is_closed
+
+    async def connect(self) -> None:
+        """Connect, open the channels, declare both queues and learn the input queue's type.
+
+        Raises:
+            BrokerRefusedError: the broker refused the credentials or the vhost.
+            BrokerUnavailableError: the broker was not reached within ``connect_timeout_s``.
+            TransportError: the queues could not be declared.
+        """
+        connection = await self._open_connection()
+        self._connection = connection
+        try:
+            # The publish channel first: after a reconnect, aio-pika restores channels in this
+            # order, so the first redelivery does not find its report channel still closed.
+            publish = await connection.channel(publisher_confirms=True, on_return_raises=True)
+            consume = await connection.channel()
+            await consume.set_qos(prefetch_count=self._prefetch)
+            self._in_queue = await declare_queue(connection, consume, self._in_queue_name)
+            await declare_queue(connection, publish, self._out_queue_name)
+            self._count_known = await is_quorum_queue(connection, self._in_queue_name)
+        except Exception as exc:
+            with contextlib.suppress(Exception):
+                await connection.close()
+            if is_refusal(exc) or "ACCESS_REFUSED" in str(exc):
+                raise refused(exc, self._url_for_logs) from exc
+            raise TransportError(f"could not set up the queues: {type(exc).__name__}") from exc
+        self._consume_channel, self._publish_channel = consume, publish
+        consume.close_callbacks.add(self._on_consume_channel_closed)
+        consume.reopen_callbacks.add(self._on_consume_channel_reopened)
+        if not self._count_known:
+            _logger.warning(
+                "Queue %s is not a quorum queue: the broker keeps no delivery count, so a "
+                "RetryableError gets one retry and a crash loop cannot be detected",
+                self._in_queue_name,
+            )
+        _logger.info(
+            "Connected to %s: consuming %s, reporting to %s, prefetch %d",
+            self._url_for_logs,
+            self._in_queue_name,
+            self._out_queue_name,
+            self._prefetch,
+        )
+
+    async def _open_connection(self) -> AbstractRobustConnection:
+        loop = asyncio.get_running_loop()
+        deadline = (
+            None if self._connect_timeout_s is None else loop.time() + self._connect_timeout_s
+        )
+        delay_s = 0.5
+        while True:
+            try:
+                remaining = None if deadline is None else max(0.1, deadline - loop.time())
+                return await aio_pika.connect_robust(
+                    self._url,
+                    reconnect_interval=self._reconnect_interval_s,
+                    client_properties={"connection_name": f"{self._service} worker"},
+                    timeout=remaining,
+                )
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                if is_refusal(exc):
+                    raise refused(exc, self._url_for_logs) from exc
+                if deadline is not None and loop.time() + delay_s >= deadline:
+                    raise BrokerUnavailableError(
+                        f"the broker at {self._url_for_logs} was not reachable within "
+                        f"{self._connect_timeout_s:g} s ({type(exc).__name__})"
+                    ) from exc
+                _logger.warning(
+                    "Cannot reach the broker at %s (%s); retrying in %g s",
+                    self._url_for_logs,
+                    type(exc).__name__,
+                    delay_s,
+                )
+                await asyncio.sleep(delay_s)
+                delay_s = min(delay_s * 2, 30.0)
+
+    # ------------------------------------------------------------------ consuming
+
+    async def deliveries(self) -> AsyncIterator[Delivery]:
+        """Yield deliveries until :meth:`stop_consuming`.
+
+        Raises:
+            BrokerUnavailableError: the consume channel kept closing; the transport gave up.
+        """
+        if self._in_queue is None:
+            raise TransportError("connect() first")
+        self._consumer_tag = await self._in_queue.consume(self._on_message)
+        while True:
+            item = await self._inbox.get()
+            if item is None:
+                return
+            if isinstance(item, _GaveUp):
+                raise item.error
+            yield item
+
+    async def _on_message(self, message: AbstractIncomingMessage) -> None:
+        if self._stopping:
+            # It arrived after the consumer was cancelled: never started, so give it back
+            # without burning an attempt.
+            with contextlib.suppress(Exception):
+                await message.nack(requeue=True)
+            return
+        headers = dict(message.headers or {})
+        handle = _Handle(message)
+        delivery = Delivery(
+            body=message.body,
+            headers=headers,
+            delivery_count=delivery_count_of(headers, bool(message.redelivered)),
+            redelivered=bool(message.redelivered),
+            handle=handle,
+        )
+        self._in_flight[id(handle)] = delivery
+        self._inbox.put_nowait(delivery)
+
+    def _on_consume_channel_closed(self, _sender: object, exc: BaseException | None) -> None:
+        if self._stopping or not self._channel_open:  # our own shutdown, or a repeat
+            return
+        self._channel_open = False
+        lost = list(self._in_flight.values())
+        self._in_flight.clear()
+        for delivery in lost:
+            delivery.handle.lost = True
+            delivery.cancel_token.cancel("the channel closed; the broker requeued the delivery")
+        _logger.warning(
+            "The consume channel closed (%s); %d in-flight deliveries were requeued by the "
+            "broker and their handlers stopped; the channel reopens",
+            type(exc).__name__ if exc else "closed",
+            len(lost),
+        )
+        now = time.monotonic()
+        self._channel_failures = [
+            t for t in self._channel_failures if now - t < CHANNEL_FAILURE_WINDOW_S
+        ] + [now]
+        if len(self._channel_failures) >= MAX_CHANNEL_FAILURES:
+            self._inbox.put_nowait(
+                _GaveUp(
+                    BrokerUnavailableError(
+                        f"the consume channel closed {len(self._channel_failures)} times in "
+                        f"{CHANNEL_FAILURE_WINDOW_S:g} s; giving up"
+                    )
+                )
+            )
+
+    def _on_consume_channel_reopened(self, _sender: object) -> None:
+        self._channel_open = True
+        _logger.info("The consume channel reopened; consuming %s again", self._in_queue_name)
+
+    async def stop_consuming(self) -> None:
+        """Cancel the consumer; deliveries received but not yet taken are given back."""
+        self._stopping = True
+        if self._in_queue is not None and self._consumer_tag is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._in_queue.cancel(self._consumer_tag), timeout=5.0)
+            self._consumer_tag = None
+        while not self._inbox.empty():
+            item = self._inbox.get_nowait()
+            if isinstance(item, Delivery):
+                with contextlib.suppress(SettleError):
+                    await self.requeue(item, count_attempt=False)
+        self._inbox.put_nowait(None)
+
+    # ------------------------------------------------------------------ reports and settles
+
+    async def publish(self, delivery: Delivery, report: EncodedReport) -> None:
+        """Publish ``report`` to the output queue and wait for the broker's confirm.
+
+        The publish is mandatory: a report the broker cannot route (the output queue was
+        deleted) is a failure, not a silent drop.
+
+        Raises:
+            PublishError: the broker did not confirm it (nack, return, timeout, lost channel).
+        """
+        channel = self._publish_channel
+        properties = report.properties
+        message = aio_pika.Message(
+            report.body,
+            content_type=properties.content_type,
+            content_encoding=properties.content_encoding,
+            delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+            message_id=properties.message_id,
+            correlation_id=properties.correlation_id,
+            type=properties.type,
+            timestamp=datetime.fromtimestamp(properties.timestamp_s, UTC),
+            app_id=properties.app_id,
+        )
+        for last_try in (False, True):
+            try:
+                with publish_errors(f"the {report.type} report"):
+                    if channel is None:
+                        raise ConnectionError("not connected")
+                    await channel.default_exchange.publish(
+                        message,
+                        routing_key=self._out_queue_name,
+                        mandatory=True,
+                        timeout=self._publish_timeout_s,
+                    )
+                return
+            except PublishError as exc:
+                # A channel still reopening after a reconnect: the message never left, so one
+                # more try once it is back cannot duplicate it. Not for a lost delivery, whose
+                # task the broker already handed to another attempt.
+                if (
+                    last_try
+                    or channel is None
+                    or not isinstance(exc.__cause__, ChannelInvalidStateError)
+                    or delivery.handle is None
+                    or delivery.handle.lost
+                ):
+                    raise
+                with publish_errors(f"the {report.type} report"):
+                    await asyncio.wait_for(channel.ready(), timeout=self._publish_timeout_s)  # type: ignore[attr-defined]
+
+    async def _settle(
+        self,
+        delivery: Delivery,
+        what: str,
+        operation: Callable[[AbstractIncomingMessage], Awaitable[None]],
+    ) -> None:
+        handle: _Handle = delivery.handle
+        self._in_flight.pop(id(handle), None)
+        if handle.lost:
+            raise SettleError(
+                f"the delivery's channel closed before the {what}; the broker requeued it"
+            )
+        with settle_errors(f"the {what}"):
+            await operation(handle.message)
+
+    async def ack(self, delivery: Delivery) -> None:
+        """``basic.ack``: the delivery is done.
+
+        Raises:
+            SettleError: the channel closed (the broker requeued it), or the ack failed.
+        """
+        await self._settle(delivery, "ack", lambda message: message.ack())
+
+    async def requeue(self, delivery: Delivery, *, count_attempt: bool) -> None:
+        """``basic.reject(requeue=True)`` for a failed attempt, ``basic.nack`` for a give-back.
+
+        Raises:
+            SettleError: the channel closed (the broker requeued it), or the call failed.
+        """
+        if count_attempt:
+            await self._settle(delivery, "reject", lambda message: message.reject(requeue=True))
+        else:
+            await self._settle(delivery, "nack", lambda message: message.nack(requeue=True))
+
+    async def reject(self, delivery: Delivery) -> None:
+        """``basic.reject(requeue=False)``: dead-lettered where the queue has a DLX.
+
+        Raises:
+            SettleError: the channel closed (the broker requeued it), or the reject failed.
+        """
+        await self._settle(delivery, "reject", lambda message: message.reject(requeue=False))
+
+    async def close(self) -> None:
+        """Close the connection (at most 5 s); idempotent."""
+        self._stopping = True
+        connection, self._connection = self._connection, None
+        if connection is not None and not connection.is_closed:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(connection.close(), timeout=5.0)

@@ -1,0 +1,224 @@
+"""Fixtures for the integration tests: the machine's RabbitMQ, vhosts, queues, worker processes.
+
+A session vhost is created with ``--default-queue-type quorum`` and a ``delivery-limit`` policy
+above ``WORKER_DELIVERY_LIMIT`` (as the platform sets them), and deleted afterwards; each test
+gets its own queue names. Without a reachable broker the tests skip, except under ``CI=true``,
+where they fail.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+BROKER_HOST, BROKER_PORT = "127.0.0.1", 5672
+QUEUE_DELIVERY_LIMIT = 20
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if Path(str(item.fspath)).is_relative_to(Path(__file__).parent):
+            item.add_marker(pytest.mark.integration)
+
+
+def _broker_reachable() -> bool:
+    try:
+        with socket.create_connection((BROKER_HOST, BROKER_PORT), timeout=2):
+            return True
+    except OSError:
+        return False
+
+
+def rabbitmqctl(*arguments: str) -> str:
+    """Run ``rabbitmqctl`` and return its output."""
+    done = subprocess.run(
+        ["rabbitmqctl", *arguments], capture_output=True, text=True, timeout=120, check=False
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"rabbitmqctl {' '.join(arguments)}: {done.stderr.strip()}")
+    return done.stdout
+
+
+@pytest.fixture(scope="session")
+def broker() -> None:
+    """The machine's RabbitMQ: skip without it, fail under CI=true."""
+    if not _broker_reachable():
+        message = f"RabbitMQ is not reachable on {BROKER_HOST}:{BROKER_PORT}"
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{message} (CI=true: integration tests must run)")
+        pytest.skip(message)
+
+
+def _make_vhost(name: str, *, quorum: bool) -> None:
+    arguments = ["add_vhost", name] + (["--default-queue-type", "quorum"] if quorum else [])
+    rabbitmqctl(*arguments)
+    rabbitmqctl("set_permissions", "-p", name, "guest", ".*", ".*", ".*")
+    if quorum:
+        rabbitmqctl(
+            "set_policy", "-p", name, "delivery-limit", ".*",
+            f'{{"delivery-limit": {QUEUE_DELIVERY_LIMIT}}}', "--apply-to", "queues",
+        )  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def quorum_vhost(broker: None) -> Iterator[str]:
+    """A vhost whose queues are quorum queues by default, with a delivery-limit policy."""
+    name = f"atw-quorum-{uuid.uuid4().hex[:8]}"
+    _make_vhost(name, quorum=True)
+    yield name
+    rabbitmqctl("delete_vhost", name)
+
+
+@pytest.fixture(scope="session")
+def classic_vhost(broker: None) -> Iterator[str]:
+    """A vhost with RabbitMQ's default (classic) queue type."""
+    name = f"atw-classic-{uuid.uuid4().hex[:8]}"
+    _make_vhost(name, quorum=False)
+    yield name
+    rabbitmqctl("delete_vhost", name)
+
+
+@dataclass
+class Queues:
+    """One test's broker coordinates."""
+
+    vhost: str
+    name: str = field(default_factory=lambda: f"t-{uuid.uuid4().hex[:10]}")
+
+    @property
+    def url(self) -> str:
+        return f"amqp://guest:guest@{BROKER_HOST}:{BROKER_PORT}/{self.vhost}"
+
+    @property
+    def in_queue(self) -> str:
+        return f"{self.name}_in"
+
+    @property
+    def out_queue(self) -> str:
+        return f"{self.name}_out"
+
+    def counts(self, queue: str) -> tuple[int, int]:
+        """``(ready, unacked)`` messages of ``queue``, as the broker reports them."""
+        output = rabbitmqctl(
+            "list_queues", "-q", "-p", self.vhost, "name", "messages_ready",
+            "messages_unacknowledged",
+        )  # fmt: skip
+        for line in output.splitlines():
+            parts = line.split()
+            if len(parts) == 3 and parts[0] == queue:
+                return int(parts[1]), int(parts[2])
+        raise LookupError(f"no queue {queue} in {self.vhost}")
+
+    def env(self, **overrides: str) -> dict[str, str]:
+        """The environment of a worker process on these queues."""
+        environment = dict(os.environ)
+        environment.update(
+            BROKER_URL=self.url,
+            IN_QUEUE_NAME=self.in_queue,
+            OUT_QUEUE_NAME=self.out_queue,
+            WORKER_RETRY_BACKOFF_S="0.01",
+            WORKER_RETRY_BACKOFF_MAX_S="0.01",
+            PYTHONUNBUFFERED="1",
+        )
+        environment.update(overrides)
+        return environment
+
+
+@pytest.fixture
+def queues(quorum_vhost: str) -> Queues:
+    """Unique queue names in the quorum vhost."""
+    return Queues(quorum_vhost)
+
+
+@pytest.fixture
+def markers(tmp_path: Path) -> Path:
+    """The folder handlers mark their calls in (``$ATW_TEST_MARKERS``)."""
+    folder = tmp_path / "markers"
+    folder.mkdir()
+    return folder
+
+
+class WorkerProcess:
+    """``python -m async_task_api_worker run TARGET`` as a real process, logs to files."""
+
+    def __init__(self, target: str, env: dict[str, str], logs: Path) -> None:
+        self.target = target
+        self.log_path = logs / f"worker-{uuid.uuid4().hex[:6]}.log"
+        self._log = self.log_path.open("w")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "async_task_api_worker", "run", target],
+            cwd=REPO,
+            env=env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def log(self) -> str:
+        return self.log_path.read_text()
+
+    def wait_for_log(self, text: str, timeout_s: float = 30.0) -> None:
+        """Wait until ``text`` appears in the process's output (or it exits, or time is up)."""
+        deadline = time.monotonic() + timeout_s
+        while text not in self.log():
+            if self.process.poll() is not None:
+                raise AssertionError(f"worker exited ({self.process.returncode}):\n{self.log()}")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no {text!r} within {timeout_s} s:\n{self.log()}")
+            time.sleep(0.05)
+
+    def wait(self, timeout_s: float = 30.0) -> int:
+        return self.process.wait(timeout=timeout_s)
+
+    def signal(self, number: signal.Signals) -> None:
+        self.process.send_signal(number)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self._log.close()
+
+
+@pytest.fixture
+def start_worker(tmp_path: Path) -> Iterator[object]:
+    """Start worker processes; they are stopped (SIGTERM) after the test."""
+    started: list[WorkerProcess] = []
+
+    def start(target: str, env: dict[str, str], *, wait_connected: bool = True) -> WorkerProcess:
+        worker = WorkerProcess(target, env, tmp_path)
+        started.append(worker)
+        if wait_connected:
+            worker.wait_for_log("Connected to")
+        return worker
+
+    yield start
+    for worker in started:
+        worker.stop()
+
+
+def wait_for(predicate: object, timeout_s: float = 30.0, what: str = "condition") -> None:
+    """Poll ``predicate()`` until true (for files and broker state, which have no events)."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():  # type: ignore[operator]
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)

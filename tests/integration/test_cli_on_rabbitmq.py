@@ -1,0 +1,126 @@
+"""The command line against the real broker: exit codes, one-line errors, submit, classic queues."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from async_task_api_worker.client import TaskClient
+from async_task_api_worker.protocol import FailureReport, decode_report
+from tests.integration.conftest import REPO, Queues
+from tests.integration.test_run_on_rabbitmq import calls, collect
+
+
+def cli(
+    *arguments: str, env: dict[str, str], timeout_s: float = 60
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "async_task_api_worker", *arguments],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
+    )
+
+
+@pytest.mark.parametrize(
+    ("target", "overrides", "expected"),
+    [
+        (
+            "examples.count_words:worker",
+            {"WORKER_DELIVERY_LIMIT": "0"},
+            "invalid setting WORKER_DELIVERY_LIMIT:",
+        ),
+        (
+            "examples.count_words:worker",
+            {"WORKER_TASK_TIMEOUT_S": "5000"},
+            "must be under WORKER_CONSUMER_TIMEOUT_S",
+        ),
+        ("tests.integration.broken_worker:worker", {}, "must be annotated exactly TaskContext"),
+        ("examples.count_words:nothing", {}, "has no attribute 'nothing'"),
+        ("no.such.module:worker", {}, "cannot import 'no.such.module'"),
+        (
+            "examples.count_words:worker",
+            {"BROKER_URL": "amqp://guest:wrong@127.0.0.1:5672/"},
+            "refused",
+        ),
+    ],
+    ids=["bad-setting", "budget", "definition", "attribute", "module", "credentials"],
+)
+def test_configuration_errors_exit_2_with_one_line(
+    queues: Queues, target: str, overrides: dict[str, str], expected: str
+) -> None:
+    done = cli("run", target, env=queues.env(**overrides))
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert expected in lines[0]
+    assert "wrong" not in lines[0]  # the password never shows
+
+
+def test_submit_prints_each_report_and_exits_0_on_success(
+    queues: Queues, start_worker: Any
+) -> None:
+    start_worker("examples.count_words:worker", queues.env())
+    done = cli(
+        "submit", '{"text": "a b c d"}', "--service", "count-words", "--timeout-s", "30",
+        env=queues.env(),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    reports = [decode_report(line.encode()) for line in done.stdout.splitlines()]
+    assert [r.type for r in reports] == ["started", "progress", "success"]
+    assert reports[-1].response == {"words": 4}  # type: ignore[union-attr]
+
+
+def test_submit_exits_1_on_a_failure(queues: Queues, start_worker: Any) -> None:
+    start_worker("examples.count_words:worker", queues.env())
+    done = cli(
+        "submit", '{"text": " "}', "--service", "count-words", "--timeout-s", "30",
+        env=queues.env(),
+    )  # fmt: skip
+    assert done.returncode == 1
+    assert [decode_report(line.encode()).type for line in done.stdout.splitlines()] == [
+        "started",
+        "failure",
+    ]
+
+
+@pytest.mark.parametrize("bad_input", ["[1, 2]", "{not json"])
+def test_submit_refuses_an_input_that_is_not_an_object(queues: Queues, bad_input: str) -> None:
+    done = cli("submit", bad_input, "--service", "count-words", env=queues.env())
+    assert done.returncode == 2
+    assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_submit_gives_up_after_its_timeout(queues: Queues) -> None:
+    done = cli("submit", "{}", "--service", "nobody-home", "--timeout-s", "0.5", env=queues.env())
+    assert done.returncode == 1
+    assert "no terminal report within 0.5 s" in done.stderr
+
+
+async def test_a_classic_queue_retries_once_then_concludes_with_a_warning(
+    classic_vhost: str, start_worker: Any, markers: Path
+) -> None:
+    queues = Queues(classic_vhost)
+    worker = start_worker(
+        "tests.integration.workers:retrying", queues.env(ATW_TEST_MARKERS=str(markers))
+    )
+    assert "is not a quorum queue" in worker.log()
+    async with TaskClient(
+        url=queues.url, service="retrying", in_queue=queues.in_queue, out_queue=queues.out_queue
+    ) as client:
+        task_id = await client.submit({})
+        reports = await collect(client, task_id)
+    assert calls(markers, task_id) == [1, 2]
+    assert isinstance(reports[-1], FailureReport)
+    assert (reports[-1].error.code, reports[-1].attempt) == ("UPSTREAM_DOWN", 2)
+    log = worker.log()
+    assert "outcome=retry action=nack-requeue code=UPSTREAM_DOWN attempt=1/2" in log
+    assert "outcome=failure action=conclude code=UPSTREAM_DOWN attempt=2/2" in log
+    assert queues.counts(queues.in_queue) == (0, 0)

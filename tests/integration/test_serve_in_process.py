@@ -1,0 +1,41 @@
+"""``await worker.serve()`` in the caller's event loop, on the real broker."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from async_task_api_worker.client import TaskClient
+from async_task_api_worker.errors import BrokerRefusedError
+from examples.count_words import worker
+from tests.integration.conftest import Queues
+from tests.integration.test_run_on_rabbitmq import collect
+
+
+async def test_serve_works_in_the_callers_loop_and_drains_when_cancelled(
+    queues: Queues, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name, value in queues.env().items():
+        monkeypatch.setenv(name, value)
+    serving = asyncio.create_task(worker.serve())
+    async with TaskClient(
+        url=queues.url, service="count-words", in_queue=queues.in_queue, out_queue=queues.out_queue
+    ) as client:
+        task_id = await client.submit({"text": "in process"})
+        reports = await collect(client, task_id)
+    assert [r.type for r in reports] == ["started", "progress", "success"]
+    serving.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await serving
+    assert queues.counts(queues.in_queue) == (0, 0)
+
+
+async def test_serve_raises_when_the_broker_refuses(
+    queues: Queues, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    env = queues.env(BROKER_URL=queues.url.replace("guest:guest", "guest:wrong"))
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(BrokerRefusedError, match="refused the connection"):
+        await worker.serve()

@@ -1,0 +1,69 @@
+"""Workers the integration tests run as real processes (``tests.integration.workers:NAME``).
+
+Each handler call writes a marker file into ``$ATW_TEST_MARKERS`` named
+``<task_id>.<attempt>.<pid>``, so that a test can count calls and see their attempts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from async_task_api_worker import RetryableError, TaskContext, Worker
+
+
+class Input(BaseModel):
+    """Any input."""
+
+    seconds: float = 0.0
+
+
+class Output(BaseModel):
+    """What the handler saw."""
+
+    attempt: int
+
+
+def _mark(ctx: TaskContext) -> None:
+    folder = Path(os.environ["ATW_TEST_MARKERS"])
+    (folder / f"{ctx.task_id}.{ctx.attempt}.{os.getpid()}").touch()
+
+
+retrying = Worker("retrying")
+
+
+@retrying.task(timeout=30)
+async def always_retry(task_input: Input, ctx: TaskContext) -> Output:
+    """Fail with a transient error, every time."""
+    _mark(ctx)
+    raise RetryableError("UPSTREAM_DOWN", "The upstream is down.")
+
+
+sleeping = Worker("sleeping")
+
+
+@sleeping.task(timeout=600)
+async def sleep_then_answer(task_input: Input, ctx: TaskContext) -> Output:
+    """Sleep ``seconds``, then answer with the attempt (the first attempt may sleep longer)."""
+    _mark(ctx)
+    await asyncio.sleep(task_input.seconds if ctx.attempt == 1 else 0.0)
+    return Output(attempt=ctx.attempt)
+
+
+hanging = Worker("hanging")
+
+
+@hanging.task(timeout=600)
+async def hang(task_input: Input, ctx: TaskContext) -> Output:
+    """Never finish (until killed)."""
+    _mark(ctx)
+    await asyncio.sleep(3600)
+    return Output(attempt=ctx.attempt)
+
+
+def factory() -> Worker:
+    """A factory target: ``tests.integration.workers:factory``."""
+    return sleeping

@@ -1,0 +1,131 @@
+"""The command line in-process: dev, target loading, usage errors."""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from async_task_api_worker.cli import main
+from async_task_api_worker.cli.loading import load_worker
+from async_task_api_worker.errors import DefinitionError, TargetError
+from async_task_api_worker.protocol import decode_report
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+@pytest.fixture(autouse=True)
+def _repo_root(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(EXAMPLES.parent)
+
+
+def test_dev_prints_every_report_of_the_example_file(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["dev", "examples.count_words:worker", str(EXAMPLES / "count_words.jsonl")])
+    out = capsys.readouterr().out
+    reports = [decode_report(line.encode()) for line in out.splitlines()]
+    by_task: dict[str, list[str]] = {}
+    for report in reports:
+        by_task.setdefault(report.task_id, []).append(report.type)
+    assert code == 0
+    assert by_task == {
+        "dev-1": ["started", "progress", "success"],
+        "dev-2": ["started", "failure"],
+        "dev-3": ["failure"],
+        "dev-4": ["started", "progress", "success"],
+    }
+    codes = [r.error.code for r in reports if r.type == "failure"]  # type: ignore[union-attr]
+    assert codes == ["EMPTY_TEXT", "INVALID_INPUT"]
+
+
+def test_dev_reads_stdin_and_reports_bad_lines_on_stderr(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    lines = ['{"text": "one two"}', "[1, 2]", "not json", "", '{"text": "three"}']
+    monkeypatch.setattr(sys, "stdin", io.StringIO("\n".join(lines) + "\n"))
+    code = main(["dev", "examples.count_words:worker"])
+    captured = capsys.readouterr()
+    successes = [
+        json.loads(line)["response"]
+        for line in captured.out.splitlines()
+        if json.loads(line)["type"] == "success"
+    ]
+    assert code == 1
+    assert successes == [{"words": 2}, {"words": 1}]
+    assert "line 2: not a JSON object task input" in captured.err
+    assert "line 3: not a JSON object task input" in captured.err
+
+
+def test_dev_with_a_missing_file_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["dev", "examples.count_words:worker", "/no/such/file.jsonl"]) == 2
+    assert "cannot read /no/such/file.jsonl" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("target", "message"),
+    [
+        ("no_colon", "must look like my_module:worker"),
+        ("examples.count_words:Input", "is not a Worker"),
+        ("examples.count_words:missing", "has no attribute 'missing'"),
+        (
+            "tests.unit.cli_targets:raising_factory",
+            "factory tests.unit.cli_targets:raising_factory raised RuntimeError: boom",
+        ),
+        (
+            "tests.unit.cli_targets:not_a_worker_factory",
+            "is not a Worker, nor a function returning one",
+        ),
+        (
+            "tests.unit.cli_targets_broken:worker",
+            "cannot import 'tests.unit.cli_targets_broken': ZeroDivisionError",
+        ),
+    ],
+)
+def test_bad_targets_exit_2_with_one_line(
+    target: str, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["dev", target, "/dev/null"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert message in err
+
+
+def test_a_factory_returning_a_worker_is_loaded() -> None:
+    assert load_worker("tests.unit.cli_targets:good_factory").name == "from-factory"
+
+
+def test_a_definition_error_in_a_factory_propagates() -> None:
+    with pytest.raises(DefinitionError):
+        load_worker("tests.unit.cli_targets:misdefined_factory")
+
+
+def test_target_errors_are_config_errors() -> None:
+    with pytest.raises(TargetError):
+        load_worker(":worker")
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["--version"])
+    assert exited.value.code == 0
+    assert capsys.readouterr().out.strip() == "async-task-api-worker 0.1.0"
+
+
+def test_a_command_is_required(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main([])
+    assert exited.value.code == 2
+
+
+class ClosedPipe(io.StringIO):
+    def write(self, text: str) -> int:
+        raise BrokenPipeError
+
+
+def test_dev_stops_when_its_reader_goes_away(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sys, "stdout", ClosedPipe())
+    lines = "".join('{"text": "word"}\n' for _ in range(50))
+    monkeypatch.setattr(sys, "stdin", io.StringIO(lines))
+    assert main(["dev", "examples.count_words:worker"]) == 0

@@ -1,0 +1,244 @@
+"""The runner's lifecycle on the in-memory broker: serve, drain, give back, stop."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import threading
+
+import pytest
+from pydantic import BaseModel
+
+from async_task_api_worker import SyncTaskContext, TaskContext, Worker
+from async_task_api_worker.errors import BrokerUnavailableError
+from async_task_api_worker.ports import Delivery
+from async_task_api_worker.runtime import ExitCode, Runner, RunnerState
+from async_task_api_worker.runtime.entry import run_worker
+from async_task_api_worker.settings import load_settings
+from async_task_api_worker.testing import WorkerHarness
+from async_task_api_worker.transports.memory import InMemoryTransport
+from tests.conftest import decision_records
+
+BODY = b'{"protocol_version":1,"task_id":"t-%d","client_id":"c","service":"svc","input":{}}'
+
+
+class Input(BaseModel):
+    pass
+
+
+class Output(BaseModel):
+    ok: bool = True
+
+
+def body(number: int) -> bytes:
+    return BODY.replace(b"%d", str(number).encode())
+
+
+def quick_worker() -> Worker:
+    worker = Worker("svc")
+
+    @worker.task(timeout=5)
+    async def handle(task_input: Input, ctx: TaskContext) -> Output:
+        return Output()
+
+    return worker
+
+
+def blocking_worker(entered: asyncio.Event) -> Worker:
+    worker = Worker("svc")
+
+    @worker.task(timeout=60)
+    async def handle(task_input: Input, ctx: TaskContext) -> Output:
+        entered.set()
+        await asyncio.Event().wait()
+        return Output()
+
+    return worker
+
+
+def runner_for(worker: Worker, transport: InMemoryTransport, **settings: object) -> Runner:
+    return Runner(worker, load_settings(settings, read_environment=False), transport)
+
+
+async def test_serve_processes_until_a_shutdown_request_then_stops() -> None:
+    transport = InMemoryTransport(prefetch=2)
+    runner = runner_for(quick_worker(), transport, worker_concurrency=2)
+    assert runner.state is RunnerState.CREATED
+    for number in range(5):
+        transport.put(body(number))
+    serving = asyncio.create_task(runner.serve())
+    await transport.join()
+    assert runner.state is RunnerState.RUNNING
+    runner.request_shutdown("test")
+    runner.request_shutdown("again")  # idempotent
+    assert await serving is ExitCode.OK
+    assert runner.state is RunnerState.STOPPED
+    assert len(transport.acked) == 5
+    with pytest.raises(RuntimeError, match="already called"):
+        await runner.serve()
+
+
+async def test_a_task_past_the_grace_period_is_given_back_without_a_report(
+    decisions: pytest.LogCaptureFixture,
+) -> None:
+    entered = asyncio.Event()
+    transport = InMemoryTransport()
+    runner = runner_for(blocking_worker(entered), transport, worker_shutdown_grace_s=0.05)
+    transport.put(body(1))
+    serving = asyncio.create_task(runner.serve())
+    await entered.wait()
+    assert runner.in_flight == 1
+    runner.request_shutdown("SIGTERM")
+    assert await serving is ExitCode.OK
+    assert [p.report.type for p in transport.published] == ["started"]
+    [message] = transport._ready
+    assert message.delivery_count == 0  # the give-back did not count
+    [line] = decision_records(decisions)
+    assert "outcome=shutdown_requeued action=nack-requeue" in line.getMessage()
+
+
+async def test_a_second_request_ends_the_grace_period_at_once() -> None:
+    entered = asyncio.Event()
+    transport = InMemoryTransport()
+    runner = runner_for(blocking_worker(entered), transport, worker_shutdown_grace_s=600)
+    transport.put(body(1))
+    serving = asyncio.create_task(runner.serve())
+    await entered.wait()
+    runner.request_shutdown("SIGTERM")
+    await asyncio.sleep(0)
+    assert runner.state is RunnerState.DRAINING
+    runner.request_shutdown("SIGTERM")
+    assert await asyncio.wait_for(serving, timeout=10) is ExitCode.OK
+    assert transport.ready_count == 1
+
+
+async def test_in_flight_tasks_finish_within_the_grace_period() -> None:
+    release = asyncio.Event()
+    entered = asyncio.Event()
+    worker = Worker("svc")
+
+    @worker.task(timeout=60)
+    async def handle(task_input: Input, ctx: TaskContext) -> Output:
+        entered.set()
+        await release.wait()
+        return Output()
+
+    transport = InMemoryTransport()
+    runner = runner_for(worker, transport, worker_shutdown_grace_s=600)
+    transport.put(body(1))
+    serving = asyncio.create_task(runner.serve())
+    await entered.wait()
+    runner.request_shutdown("SIGTERM")
+    await asyncio.sleep(0)
+    release.set()
+    assert await serving is ExitCode.OK
+    assert [p.report.type for p in transport.published] == ["started", "success"]
+    assert len(transport.acked) == 1
+
+
+class HangingConnect(InMemoryTransport):
+    def __init__(self) -> None:
+        super().__init__()
+        self.connecting = asyncio.Event()
+
+    async def connect(self) -> None:
+        self.connecting.set()
+        await asyncio.Event().wait()
+
+
+async def test_a_shutdown_during_startup_does_not_wait_for_the_connection() -> None:
+    transport = HangingConnect()
+    runner = runner_for(quick_worker(), transport)
+    serving = asyncio.create_task(runner.serve())
+    await transport.connecting.wait()
+    assert runner.state is RunnerState.STARTING
+    runner.request_shutdown("SIGTERM")
+    assert await asyncio.wait_for(serving, timeout=5) is ExitCode.OK
+    assert runner.state is RunnerState.STOPPED
+
+
+class GivingUp(InMemoryTransport):
+    async def deliveries(self):  # type: ignore[no-untyped-def,override]
+        raise BrokerUnavailableError("gave up")
+        yield  # pragma: no cover
+
+
+async def test_a_transport_that_gives_up_stops_the_runner_with_failure() -> None:
+    runner = runner_for(quick_worker(), GivingUp())
+    assert await asyncio.wait_for(runner.serve(), timeout=5) is ExitCode.FAILURE
+
+
+async def test_def_handlers_get_a_thread_pool_by_default() -> None:
+    worker = Worker("svc")
+    threads: list[str] = []
+
+    @worker.task(timeout=5)
+    def handle(task_input: Input, ctx: SyncTaskContext) -> Output:
+        threads.append(threading.current_thread().name)
+        return Output()
+
+    transport = InMemoryTransport()
+    runner = runner_for(worker, transport)
+    transport.put(body(1))
+    serving = asyncio.create_task(runner.serve())
+    await transport.join()
+    runner.request_shutdown("done")
+    await serving
+    assert threads and threads[0].startswith("task-")
+
+
+class SlowTake(InMemoryTransport):
+    """Hands out deliveries to a runner whose only slot is taken."""
+
+    def __init__(self) -> None:
+        super().__init__(prefetch=2)
+        self.given_back: list[Delivery] = []
+
+    async def requeue(self, delivery: Delivery, *, count_attempt: bool) -> None:
+        if not count_attempt:
+            self.given_back.append(delivery)
+        await super().requeue(delivery, count_attempt=count_attempt)
+
+
+async def test_a_delivery_in_hand_but_never_started_is_given_back() -> None:
+    entered = asyncio.Event()
+    transport = SlowTake()
+    runner = runner_for(blocking_worker(entered), transport, worker_shutdown_grace_s=0.01)
+    transport.put(body(1))
+    transport.put(body(2))
+    serving = asyncio.create_task(runner.serve())
+    await entered.wait()
+    while transport.unacked_count < 2:  # the second is in hand, waiting for the only slot
+        await asyncio.sleep(0)
+    runner.request_shutdown("SIGTERM")
+    assert await serving is ExitCode.OK
+    assert {d.body for d in transport.given_back} == {body(1), body(2)}
+    assert all(m.delivery_count == 0 for m in transport._ready)
+
+
+def test_run_worker_drains_on_sigterm_and_exits_0() -> None:
+    worker = Worker("svc")
+
+    @worker.task(timeout=5)
+    async def handle(task_input: Input, ctx: TaskContext) -> Output:
+        os.kill(os.getpid(), signal.SIGTERM)
+        return Output()
+
+    transport = InMemoryTransport()
+    transport.put(body(1))
+    runner = Runner(worker, load_settings({}, read_environment=False), transport)
+    assert run_worker(worker, runner=runner) is ExitCode.OK
+    assert [p.report.type for p in transport.published] == ["started", "success"]
+
+
+def test_run_worker_exits_2_on_a_bad_setting(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("WORKER_CONCURRENCY", "0")
+    assert run_worker(quick_worker()) is ExitCode.CONFIG
+    assert capsys.readouterr().err.startswith("async-task-api-worker: invalid setting")
+
+
+def test_harness_and_runner_share_the_engine_rules() -> None:
+    assert WorkerHarness(quick_worker()).settings.worker_delivery_limit == 5
