@@ -1,0 +1,78 @@
+"""Broker-free parts of the RabbitMQ adapter: header parsing, URL redaction, connect failures."""
+
+from __future__ import annotations
+
+import logging
+import socket
+from decimal import Decimal
+
+import pytest
+
+from async_task_api_worker.errors import BrokerUnavailableError
+from async_task_api_worker.observability.redaction import redact_url
+from async_task_api_worker.transports.rabbitmq import RabbitMQTransport
+from async_task_api_worker.transports.rabbitmq.transport import delivery_count_of
+
+
+@pytest.mark.parametrize(
+    ("headers", "redelivered", "expected"),
+    [
+        ({}, False, 0),  # a first delivery: RabbitMQ sets no header
+        ({}, True, None),  # a redelivery without the header: a classic queue, count unknown
+        ({"x-delivery-count": 0}, False, 0),
+        ({"x-delivery-count": 3}, True, 3),
+        ({"x-delivery-count": Decimal(4)}, True, 4),
+        ({"x-delivery-count": 2.0}, True, 2),
+        ({"x-delivery-count": b"5"}, True, 5),
+        ({"x-delivery-count": "6"}, True, 6),
+        ({"x-delivery-count": -1}, True, 0),
+        ({"x-delivery-count": True}, True, None),  # a bool is not a count
+        ({"x-delivery-count": "many"}, True, None),
+    ],
+)
+def test_the_delivery_count_is_read_from_any_integer_type(
+    headers: dict[str, object], redelivered: bool, expected: int | None
+) -> None:
+    assert delivery_count_of(headers, redelivered) == expected
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("amqp://user:s3cret@host:5672/vh", "amqp://user:***@host:5672/vh"),
+        ("amqps://user:s3cret@host/vh?heartbeat=5", "amqps://user:***@host/vh?heartbeat=5"),
+        ("amqp://user:s3cret@[::1]:5672/", "amqp://user:***@[::1]:5672/"),
+        ("amqp://host:5672/", "amqp://host:5672/"),
+        ("amqp://user:s3cret@host:notaport/", "(a URL that does not parse)"),
+    ],
+)
+def test_urls_are_shown_without_their_password(url: str, shown: str) -> None:
+    assert redact_url(url) == shown
+
+
+def _closed_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+async def test_an_unreachable_broker_is_retried_with_a_log_then_given_up(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING, logger="async_task_api_worker")
+    transport = RabbitMQTransport(
+        url=f"amqp://guest:s3cret@127.0.0.1:{_closed_port()}/",
+        in_queue="in",
+        out_queue="out",
+        prefetch=1,
+        connect_timeout_s=1.2,
+    )
+    with pytest.raises(BrokerUnavailableError, match=r"not reachable within 1\.2 s") as error:
+        await transport.connect()
+    assert "s3cret" not in str(error.value)
+    retries = [
+        r.getMessage() for r in caplog.records if "Cannot reach the broker" in r.getMessage()
+    ]
+    assert retries
+    assert all("s3cret" not in message and "***" in message for message in retries)
+    assert transport.connected is False
