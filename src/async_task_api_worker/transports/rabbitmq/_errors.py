@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 
 import aiormq
 from aio_pika.exceptions import ChannelInvalidStateError
@@ -53,18 +53,18 @@ def refused(exc: BaseException, url_for_logs: str) -> BrokerRefusedError:
 
 
 @contextmanager
-def publish_errors(what: str) -> Iterator[None]:
+def _translated(error: type[PublishError | SettleError], what: str, failed: str) -> Iterator[None]:
+    try:
+        yield
+    except _BROKER_FAILURES as exc:
+        raise error(f"{what} {failed}: {type(exc).__name__}") from exc
+
+
+def publish_errors(what: str) -> AbstractContextManager[None]:
     """Raise :class:`PublishError` from any broker failure while publishing ``what``."""
-    try:
-        yield
-    except _BROKER_FAILURES as exc:
-        raise PublishError(f"{what} was not confirmed: {type(exc).__name__}") from exc
+    return _translated(PublishError, what, "was not confirmed")
 
 
-@contextmanager
-def settle_errors(what: str) -> Iterator[None]:
+def settle_errors(what: str) -> AbstractContextManager[None]:
     """Raise :class:`SettleError` from any broker failure while settling (``what``)."""
-    try:
-        yield
-    except _BROKER_FAILURES as exc:
-        raise SettleError(f"{what} did not reach the broker: {type(exc).__name__}") from exc
+    return _translated(SettleError, what, "did not reach the broker")
