@@ -28,6 +28,10 @@ from async_task_api_worker.transports.rabbitmq.transport import delivery_count_o
         ({"x-delivery-count": -1}, True, 0),
         ({"x-delivery-count": True}, True, None),  # a bool is not a count
         ({"x-delivery-count": "many"}, True, None),
+        ({"x-delivery-count": "\u00b2"}, False, None),  # str.isdigit() says yes; int() says no
+        ({"x-delivery-count": "9" * 5000}, False, None),
+        ({"x-delivery-count": 10**30}, True, 1_000_000_000),
+        ({"x-delivery-count": Decimal("Infinity")}, True, None),
     ],
 )
 def test_the_delivery_count_is_read_from_any_integer_type(

@@ -82,7 +82,9 @@ class _Verdict:
     handler_ran: bool = False
 
 
-_PUBLISH_FAILED = _Verdict(Outcome.PUBLISH_FAILED, Action.NACK_REQUEUE, counted=True)
+# The task did not fail, its report could not get out (after retries in place): give the
+# delivery back without burning an attempt, or a broker outage would abandon healthy tasks.
+_PUBLISH_FAILED = _Verdict(Outcome.PUBLISH_FAILED, Action.NACK_REQUEUE, counted=False)
 
 
 def _is_well_formed(error: TaskError) -> bool:
@@ -227,6 +229,8 @@ class Engine:
             transport=self._transport,
             wall_clock=self._wall_clock,
             notify=self._notify,
+            monotonic=self._monotonic,
+            retry_window_s=self._settings.worker_retry_backoff_max_s,
         )
 
     async def _process(self, run: DeliveryReporter, stop: StopSignal) -> _Verdict:
@@ -443,6 +447,10 @@ class Engine:
         self, run: DeliveryReporter, verdict: _Verdict, arrived_at: float
     ) -> Settlement:
         """Settle the delivery with the broker and log the decision: once per delivery."""
+        if run.delivery.cancel_token.cancelled and verdict.outcome is not Outcome.SHUTDOWN_REQUEUED:
+            # The transport withdrew it (the broker requeued it already): whatever got as far
+            # as a failed publish, nothing more is sent for it.
+            verdict = replace(verdict, outcome=Outcome.CANCELLED, action=Action.NONE, counted=False)
         settlement = Settlement(
             outcome=verdict.outcome,
             action=verdict.action,

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Final
 
 from async_task_api_worker.context import ProgressDropReason, ProgressUpdate
 from async_task_api_worker.errors import PublishError, ReportEncodeError
 from async_task_api_worker.observability.redaction import exception_type_name
 from async_task_api_worker.ports import (
+    CancelToken,
     Delivery,
     EngineEvent,
     ProgressDropped,
@@ -30,7 +32,12 @@ from async_task_api_worker.protocol.reports import (
     format_timestamp,
 )
 
-__all__ = ["DeliveryReporter"]
+__all__ = ["PUBLISH_RETRY_FIRST_S", "PUBLISH_RETRY_MAX_S", "DeliveryReporter"]
+
+#: The first wait before publishing an unconfirmed report again, in seconds; it doubles.
+PUBLISH_RETRY_FIRST_S: Final = 0.1
+#: The longest wait between two tries, in seconds.
+PUBLISH_RETRY_MAX_S: Final = 5.0
 
 _logger = logging.getLogger("async_task_api_worker.engine")
 
@@ -41,7 +48,9 @@ class DeliveryReporter:
 
     Every ``publish_*`` method returns whether the broker confirmed the report, and raises
     nothing but :class:`~async_task_api_worker.errors.ReportEncodeError` (for a response or
-    payload that cannot be encoded); the caller decides what an unconfirmed report means.
+    payload that cannot be encoded); the caller decides what an unconfirmed report means. A
+    report other than ``progress`` is tried again, with a backoff from 0.1 s to 5 s, for up to
+    ``retry_window_s`` seconds, unless the transport withdraws the delivery meanwhile.
     """
 
     delivery: Delivery
@@ -52,6 +61,8 @@ class DeliveryReporter:
     transport: Transport
     wall_clock: Callable[[], datetime]
     notify: Callable[[EngineEvent], None]
+    monotonic: Callable[[], float]
+    retry_window_s: float
     task_id: str | None = None
     client_id: str | None = None
     seq: int = 0
@@ -105,16 +116,46 @@ class DeliveryReporter:
     ) -> bool:
         encoded = encode_report(report, seq=self.seq)
         self.seq += 1
-        try:
-            await self.transport.publish(self.delivery, encoded)
-        except PublishError as exc:
-            _logger.warning(
-                "The %s report was not confirmed by the broker (%s)",
-                report.type,
-                exception_type_name(exc.__cause__ or exc),
-                extra={"task_id": self.task_id, "attempt": self.attempt},
-            )
-            self.notify(PublishFailed(report.type))
-            return False
-        self.notify(ReportPublished(report.type))
+        # Progress is best-effort; any other report is retried in place, holding the delivery
+        # (and so its prefetch slot: a worker whose reports cannot get out stops taking work)
+        # for at most WORKER_RETRY_BACKOFF_MAX_S, which the time-budget rule already reserves.
+        give_up_at = self.monotonic() + (0.0 if report.type == "progress" else self.retry_window_s)
+        delay_s = PUBLISH_RETRY_FIRST_S
+        while True:
+            try:
+                await self.transport.publish(self.delivery, encoded)
+            except PublishError as exc:
+                self.notify(PublishFailed(report.type))
+                withdrawn = self.delivery.cancel_token.cancelled
+                retry = not withdrawn and self.monotonic() + delay_s <= give_up_at
+                _logger.warning(
+                    "The %s report was not confirmed by the broker (%s)%s",
+                    report.type,
+                    exception_type_name(exc.__cause__ or exc),
+                    f"; retrying in {delay_s:g} s" if retry else "",
+                    extra={"task_id": self.task_id, "attempt": self.attempt},
+                )
+                if not retry or not await _sleep_unless(self.delivery.cancel_token, delay_s):
+                    return False
+                delay_s = min(delay_s * 2, PUBLISH_RETRY_MAX_S)
+                continue
+            self.notify(ReportPublished(report.type))
+            return True
+
+
+async def _sleep_unless(token: CancelToken, delay_s: float) -> bool:
+    """Sleep ``delay_s`` seconds; ``False`` at once if ``token`` is cancelled meanwhile."""
+    woken = asyncio.get_running_loop().create_future()
+
+    def wake() -> None:
+        if not woken.done():
+            woken.set_result(None)
+
+    remove = token.add_callback(wake)
+    try:
+        await asyncio.wait_for(woken, timeout=delay_s)
+    except TimeoutError:
         return True
+    finally:
+        remove()
+    return False

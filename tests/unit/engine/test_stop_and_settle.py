@@ -11,7 +11,7 @@ from pydantic import BaseModel
 from async_task_api_worker import RetryableError, TaskContext, Worker
 from async_task_api_worker.engine import Engine, StopSignal
 from async_task_api_worker.engine.engine import retry_backoff_s
-from async_task_api_worker.errors import SettleError
+from async_task_api_worker.errors import PublishError, SettleError
 from async_task_api_worker.executors import InlineExecutor
 from async_task_api_worker.ports import (
     AckFailed,
@@ -24,6 +24,7 @@ from async_task_api_worker.ports import (
     Settlement,
     TaskStarted,
 )
+from async_task_api_worker.protocol import EncodedReport
 from async_task_api_worker.settings import load_settings
 from async_task_api_worker.transports.memory import InMemoryTransport
 from tests.conftest import decision_records
@@ -320,3 +321,63 @@ async def test_an_adapter_bug_in_a_settle_is_contained(
     settlement = await engine.handle(deliver(transport))
     assert (settlement.outcome, settlement.settled) == (Outcome.RETRY, False)
     assert len(decision_records(decisions)) == 1
+
+
+class FlakyPublish(InMemoryTransport):
+    """Refuses the first ``failures`` publishes of terminal reports."""
+
+    def __init__(self, failures: int) -> None:
+        super().__init__()
+        self.failures = failures
+        self.tries = 0
+
+    async def publish(self, delivery: Delivery, report: EncodedReport) -> None:
+        if report.type in ("success", "failure"):
+            self.tries += 1
+            if self.tries <= self.failures:
+                raise PublishError("not confirmed")
+        await super().publish(delivery, report)
+
+
+def ok_worker() -> Worker:
+    worker = Worker("svc")
+
+    @worker.task(timeout=5)
+    async def handle(task_input: Input, ctx: TaskContext) -> Output:
+        return Output()
+
+    return worker
+
+
+async def test_an_unconfirmed_report_is_retried_in_place_until_it_is_confirmed() -> None:
+    transport = FlakyPublish(failures=2)
+    engine, _ = build(ok_worker(), transport, worker_retry_backoff_max_s=5)
+    settlement = await engine.handle(deliver(transport))
+    assert (settlement.outcome, settlement.action) == (Outcome.SUCCESS, Action.ACK)
+    assert transport.tries == 3
+    assert [p.report.type for p in transport.published] == ["started", "success"]
+
+
+async def test_past_the_retry_window_the_delivery_is_given_back_without_burning_an_attempt() -> (
+    None
+):
+    transport = FlakyPublish(failures=1000)
+    engine, _ = build(ok_worker(), transport, worker_retry_backoff_max_s=0.25)
+    settlement = await engine.handle(deliver(transport))
+    assert (settlement.outcome, settlement.action) == (Outcome.PUBLISH_FAILED, Action.NACK_REQUEUE)
+    assert settlement.requeue_counted is False
+    assert transport.tries >= 2  # tried again within the window
+    assert transport._ready[0].delivery_count == 0
+
+
+async def test_a_withdrawn_delivery_stops_retrying_and_is_not_settled() -> None:
+    transport = FlakyPublish(failures=1000)
+    engine, _ = build(ok_worker(), transport, worker_retry_backoff_max_s=600)
+    delivery = deliver(transport)
+    handling = asyncio.create_task(engine.handle(delivery))
+    while transport.tries == 0:
+        await asyncio.sleep(0)
+    delivery.cancel_token.cancel("the channel closed")
+    settlement = await asyncio.wait_for(handling, timeout=5)
+    assert (settlement.outcome, settlement.action) == (Outcome.CANCELLED, Action.NONE)
+    assert transport.unacked_count == 1  # nothing sent: the broker already requeued it

@@ -66,11 +66,11 @@ async def _serve(worker: Worker, settings: WorkerSettings, source: IO[str]) -> i
             runner.request_shutdown("stdout closed")  # no grace: nobody can see the reports
             await serving
             return ExitCode.OK
-        closed.cancel()
         refused = reading.result()
         joined = asyncio.ensure_future(transport.join())
         await asyncio.wait({joined, closed}, return_when=asyncio.FIRST_COMPLETED)
         joined.cancel()
+        closed.cancel()
         runner.request_shutdown("the input ended")
         code = await serving
     return ExitCode.FAILURE if refused and code is ExitCode.OK else int(code)

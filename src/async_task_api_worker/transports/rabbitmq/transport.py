@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ from decimal import Decimal
 from typing import Any, Final
 
 import aio_pika
+import aiormq
 from aio_pika.abc import (
     AbstractChannel,
     AbstractIncomingMessage,
@@ -77,20 +79,31 @@ class _GaveUp:
         self.error = error
 
 
+_DIGITS = re.compile(r"[0-9]{1,9}")
+
+
 def delivery_count_of(headers: dict[str, Any], redelivered: bool) -> int | None:
     """The broker's delivery count from the headers, or ``None`` when it is unknown.
 
     ``x-delivery-count`` may arrive as any AMQP integer type (or a decimal); its absence means
-    0 on a first delivery and "unknown" on a redelivery (a classic queue).
+    0 on a first delivery and "unknown" on a redelivery (a classic queue). A value that is not
+    a plausible count (a forged header) counts as unknown; this function never raises.
     """
     value = headers.get("x-delivery-count")
+    count: int | None = None
     if isinstance(value, int) and not isinstance(value, bool):
-        return max(0, value)
-    if isinstance(value, Decimal | float) and value == int(value):
-        return max(0, int(value))
-    if isinstance(value, bytes | str) and value.strip().isdigit():
-        return int(value)
-    return None if redelivered else 0
+        count = value
+    elif isinstance(value, Decimal | float):
+        with contextlib.suppress(ValueError, OverflowError, ArithmeticError):
+            if value == int(value):
+                count = int(value)
+    elif isinstance(value, bytes | str):
+        text = value.decode("ascii", "replace") if isinstance(value, bytes) else value
+        if _DIGITS.fullmatch(text.strip()):
+            count = int(text)
+    if count is not None:
+        return min(max(0, count), 1_000_000_000)
+    return None if redelivered or value is not None else 0
 
 
 class RabbitMQTransport:
@@ -255,19 +268,33 @@ class RabbitMQTransport:
             with contextlib.suppress(Exception):
                 await message.nack(requeue=True)
             return
-        headers = dict(message.headers or {})
-        handle = _Handle(message)
-        delivery = Delivery(
-            body=message.body,
-            headers=headers,
-            delivery_count=delivery_count_of(headers, bool(message.redelivered)),
-            redelivered=bool(message.redelivered),
-            handle=handle,
-        )
+        try:
+            headers = dict(message.headers or {})
+            handle = _Handle(message)
+            delivery = Delivery(
+                body=message.body,
+                headers=headers,
+                delivery_count=delivery_count_of(headers, bool(message.redelivered)),
+                redelivered=bool(message.redelivered),
+                handle=handle,
+            )
+        except Exception:
+            # Nothing the engine could settle: hand it back rather than hold a prefetch slot
+            # until the broker's consumer timeout.
+            _logger.exception("A delivery could not be read; it is given back")
+            with contextlib.suppress(Exception):
+                await message.nack(requeue=True)
+            return
         self._in_flight[id(handle)] = delivery
         self._inbox.put_nowait(delivery)
 
     def _on_consume_channel_closed(self, _sender: object, exc: BaseException | None) -> None:
+        try:
+            self._withdraw_in_flight(exc)
+        except Exception:  # never let a bookkeeping error stop aio-pika's own close handling
+            _logger.exception("Could not withdraw the in-flight deliveries")
+
+    def _withdraw_in_flight(self, exc: BaseException | None) -> None:
         if self._stopping or not self._channel_open:  # our own shutdown, or a repeat
             return
         self._channel_open = False
@@ -282,6 +309,10 @@ class RabbitMQTransport:
             type(exc).__name__ if exc else "closed",
             len(lost),
         )
+        if isinstance(exc, aiormq.exceptions.AMQPConnectionError | ConnectionError):
+            # A lost connection reconnects by itself, however often: only the broker closing
+            # the channel on a live connection (consumer timeout, precondition) counts below.
+            return
         now = time.monotonic()
         self._channel_failures = [
             t for t in self._channel_failures if now - t < CHANNEL_FAILURE_WINDOW_S
@@ -325,6 +356,9 @@ class RabbitMQTransport:
         Raises:
             PublishError: the broker did not confirm it (nack, return, timeout, lost channel).
         """
+        if delivery.handle is not None and delivery.handle.lost:
+            # Its channel closed: the broker requeued it, and the next attempt will report.
+            raise PublishError(f"the {report.type} report is for a delivery the broker requeued")
         channel = self._publish_channel
         properties = report.properties
         message = aio_pika.Message(
@@ -351,6 +385,11 @@ class RabbitMQTransport:
                     )
                 return
             except PublishError as exc:
+                if isinstance(exc.__cause__, aiormq.exceptions.PublishError) and channel:
+                    # Returned as unroutable: the output queue is gone. Declare it again so
+                    # that the engine's next try can succeed.
+                    with contextlib.suppress(Exception):
+                        await channel.declare_queue(self._out_queue_name, durable=True)
                 # A channel still reopening after a reconnect: the message never left, so one
                 # more try once it is back cannot duplicate it. Not for a lost delivery, whose
                 # task the broker already handed to another attempt.
