@@ -124,3 +124,20 @@ async def test_a_classic_queue_retries_once_then_concludes_with_a_warning(
     assert "outcome=retry action=nack-requeue code=UPSTREAM_DOWN attempt=1/2" in log
     assert "outcome=failure action=conclude code=UPSTREAM_DOWN attempt=2/2" in log
     assert queues.counts(queues.in_queue) == (0, 0)
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        (["--task-id", "has space"], "task_id"),
+        (["--input-ref", '{"name": "v"}'], "input_refs.0.uri: missing"),
+        (["--timeout-s", "0"], "--timeout-s must be a positive number"),
+    ],
+)
+def test_submit_refuses_a_task_the_worker_would_refuse_before_publishing(
+    queues: Queues, arguments: list[str], message: str
+) -> None:
+    done = cli("submit", "{}", "--service", "count-words", *arguments, env=queues.env())
+    assert done.returncode == 2
+    assert message in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import signal
 import sys
 from pathlib import Path
 
@@ -129,3 +131,26 @@ def test_dev_stops_when_its_reader_goes_away(monkeypatch: pytest.MonkeyPatch) ->
     lines = "".join('{"text": "word"}\n' for _ in range(50))
     monkeypatch.setattr(sys, "stdin", io.StringIO(lines))
     assert main(["dev", "examples.count_words:worker"]) == 0
+
+
+class SignallingStdout(io.StringIO):
+    """Sends SIGTERM to this process at the first report, as an operator would."""
+
+    def write(self, text: str) -> int:
+        if not self.getvalue():
+            os.kill(os.getpid(), signal.SIGTERM)
+        return super().write(text)
+
+
+def test_dev_stops_on_sigterm_even_while_stdin_stays_open(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    read_end, write_end = os.pipe()
+    os.write(write_end, b'{"text": "one"}\n')  # and the pipe stays open: no end of input
+    stdout = SignallingStdout()
+    monkeypatch.setattr(sys, "stdout", stdout)
+    with os.fdopen(read_end) as stdin:
+        monkeypatch.setattr(sys, "stdin", stdin)
+        assert main(["dev", "examples.count_words:worker"]) == 0
+        os.close(write_end)  # the reader thread sees the end; only then can the file close
+    assert '"type":"success"' in stdout.getvalue()

@@ -14,6 +14,9 @@ __all__ = ["main"]
 
 PROG = "async-task-api-worker"
 
+#: The shell's convention for a process ended by SIGINT (128 + 2).
+INTERRUPTED = 130
+
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -84,3 +87,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return ExitCode.CONFIG
+    except KeyboardInterrupt:  # Ctrl-C outside a worker's own signal handling (submit)
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return INTERRUPTED

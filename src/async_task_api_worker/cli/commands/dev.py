@@ -12,6 +12,7 @@ import contextlib
 import json
 import os
 import sys
+import threading
 from typing import IO
 
 from async_task_api_worker.cli.loading import load_worker
@@ -54,21 +55,24 @@ async def _serve(worker: Worker, settings: WorkerSettings, source: IO[str]) -> i
     printer = _ReportPrinter()
     transport = InMemoryTransport(prefetch=settings.worker_concurrency, on_publish=printer)
     runner = Runner(worker, settings, transport)
-    refused = 0
+    lines = _read_lines(source)
     with shutdown_on_signals(runner.request_shutdown):
         serving = asyncio.ensure_future(runner.serve())
-        reading = asyncio.ensure_future(_feed(worker, transport, source))
+        reading = asyncio.ensure_future(_feed(worker, transport, lines))
         closed = asyncio.ensure_future(printer.closed.wait())
-        await asyncio.wait({reading, closed}, return_when=asyncio.FIRST_COMPLETED)
-        if printer.closed.is_set():
+        # Whichever comes first: the input ends, stdout goes away, or a signal stops the runner.
+        await asyncio.wait({reading, closed, serving}, return_when=asyncio.FIRST_COMPLETED)
+        if not reading.done():
             reading.cancel()
-            runner.request_shutdown("stdout closed")
-            runner.request_shutdown("stdout closed")  # no grace: nobody can see the reports
+            if printer.closed.is_set():
+                runner.request_shutdown("stdout closed")
+                runner.request_shutdown("stdout closed")  # no grace: nobody sees the reports
             await serving
+            closed.cancel()
             return ExitCode.OK
         refused = reading.result()
         joined = asyncio.ensure_future(transport.join())
-        await asyncio.wait({joined, closed}, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait({joined, closed, serving}, return_when=asyncio.FIRST_COMPLETED)
         joined.cancel()
         closed.cancel()
         runner.request_shutdown("the input ended")
@@ -76,14 +80,29 @@ async def _serve(worker: Worker, settings: WorkerSettings, source: IO[str]) -> i
     return ExitCode.FAILURE if refused and code is ExitCode.OK else int(code)
 
 
-async def _feed(worker: Worker, transport: InMemoryTransport, source: IO[str]) -> int:
+def _read_lines(source: IO[str]) -> asyncio.Queue[str | None]:
+    """Read ``source`` on a daemon thread (a blocked stdin must not hold the process open)."""
+    loop = asyncio.get_running_loop()
+    lines: asyncio.Queue[str | None] = asyncio.Queue()
+
+    def read() -> None:
+        # The loop may be gone (dev stopped early) or the file closed under us: end quietly.
+        with contextlib.suppress(RuntimeError, ValueError, OSError):
+            for line in iter(source.readline, ""):
+                loop.call_soon_threadsafe(lines.put_nowait, line)
+            loop.call_soon_threadsafe(lines.put_nowait, None)
+
+    threading.Thread(target=read, name="dev-input", daemon=True).start()
+    return lines
+
+
+async def _feed(
+    worker: Worker, transport: InMemoryTransport, lines: asyncio.Queue[str | None]
+) -> int:
     """Queue one task per input line; returns how many lines were refused."""
     refused = 0
     number = 0
-    while True:
-        line = await asyncio.to_thread(source.readline)
-        if not line:
-            break
+    while (line := await lines.get()) is not None:
         number += 1
         if not line.strip():
             continue

@@ -1,8 +1,9 @@
 """``submit INPUT_JSON --service NAME``: publish one task, print its reports until the last.
 
 Reads ``BROKER_URL``, ``IN_QUEUE_NAME`` and ``OUT_QUEUE_NAME`` as the worker does. Exits 0 when
-the task succeeded, 1 when it failed (or no terminal report came within ``--timeout-s``), 2 for
-a usage error.
+the task succeeded, 1 when it failed (or no terminal report came within ``--timeout-s``, or the
+broker was unreachable), 2 for a usage error (checked before anything is published), 130 when
+interrupted.
 """
 
 from __future__ import annotations
@@ -12,9 +13,16 @@ import json
 import sys
 from collections.abc import Sequence
 
-from async_task_api_worker.client import TaskClient
-from async_task_api_worker.errors import BrokerUnavailableError, PublishError, TargetError
+from async_task_api_worker.client import TaskClient, build_envelope
+from async_task_api_worker.errors import (
+    BrokerUnavailableError,
+    EnvelopeDecodeError,
+    PublishError,
+    ReportEncodeError,
+    TargetError,
+)
 from async_task_api_worker.protocol.encoding import canonical_dumps
+from async_task_api_worker.protocol.envelope import decode_envelope
 from async_task_api_worker.protocol.reports import SuccessReport
 from async_task_api_worker.runtime.exit_codes import ExitCode
 from async_task_api_worker.settings import load_settings
@@ -69,6 +77,17 @@ def submit_command(
     """
     task_input = _json_object(raw_input, "the task input")
     refs = [_json_object(ref, "--input-ref") for ref in input_refs]
+    if timeout_s is not None and not timeout_s > 0:
+        raise TargetError("--timeout-s must be a positive number of seconds")
+    # Check the envelope as the worker will, so that a bad task id or input reference is a
+    # usage error here, not a poison message there (with no report, for a bad task id).
+    try:
+        _, body = build_envelope(
+            task_input, service=service, task_id=task_id, client_id=client_id, input_refs=refs
+        )
+        decode_envelope(body)
+    except (EnvelopeDecodeError, ReportEncodeError) as exc:
+        raise TargetError(f"this task would be refused by the worker: {exc}") from None
     client = TaskClient.from_settings(service=service, settings=load_settings())
 
     async def bounded() -> int:
