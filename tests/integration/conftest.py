@@ -120,6 +120,18 @@ class Queues:
                 return int(parts[1]), int(parts[2])
         raise LookupError(f"no queue {queue} in {self.vhost}")
 
+    def assert_drained(self, queue: str, timeout_s: float = 20.0) -> None:
+        """Wait until ``queue`` has nothing ready and nothing unacked.
+
+        The broker publishes a quorum queue's counts with a lag (its stats interval), so a
+        count read right after the last ack can still show the message.
+        """
+        deadline = time.monotonic() + timeout_s
+        while (counts := self.counts(queue)) != (0, 0):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{queue} still holds {counts} (ready, unacked)")
+            time.sleep(0.5)
+
     def env(self, **overrides: str) -> dict[str, str]:
         """The environment of a worker process on these queues."""
         environment = dict(os.environ)

@@ -123,7 +123,7 @@ async def test_a_classic_queue_retries_once_then_concludes_with_a_warning(
     log = worker.log()
     assert "outcome=retry action=nack-requeue code=UPSTREAM_DOWN attempt=1/2" in log
     assert "outcome=failure action=conclude code=UPSTREAM_DOWN attempt=2/2" in log
-    assert queues.counts(queues.in_queue) == (0, 0)
+    queues.assert_drained(queues.in_queue)
 
 
 @pytest.mark.parametrize(

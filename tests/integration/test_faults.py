@@ -39,7 +39,7 @@ async def test_a_deleted_output_queue_is_declared_again_and_no_task_is_lost(
         reports = await collect(client, task_id)
     assert [r.type for r in reports] == ["started", "progress", "success"]
     assert "not confirmed by the broker" in worker.log()
-    assert queues.counts(queues.in_queue) == (0, 0)
+    queues.assert_drained(queues.in_queue)
 
 
 async def test_forged_delivery_count_headers_do_not_stall_the_worker(
@@ -59,4 +59,4 @@ async def test_forged_delivery_count_headers_do_not_stall_the_worker(
         for task_id in task_ids:
             assert (await collect(client, task_id))[-1].type == "success"
     assert "Consumer callback failed" not in worker.log()
-    assert queues.counts(queues.in_queue) == (0, 0)
+    queues.assert_drained(queues.in_queue)

@@ -39,7 +39,7 @@ async def test_run_processes_submitted_tasks_in_order(queues: Queues, start_work
     assert isinstance(reports[-1], SuccessReport)
     assert reports[-1].response == {"words": 3}
     assert {r.task_id for r in reports} == {task_id}
-    assert queues.counts(queues.in_queue) == (0, 0)
+    queues.assert_drained(queues.in_queue)
 
 
 async def test_a_fatal_error_is_one_failure_and_the_input_is_acked(
@@ -52,7 +52,7 @@ async def test_a_fatal_error_is_one_failure_and_the_input_is_acked(
     assert [r.type for r in reports] == ["started", "failure"]
     assert isinstance(reports[-1], FailureReport)
     assert reports[-1].error.code == "EMPTY_TEXT"
-    assert queues.counts(queues.in_queue) == (0, 0)
+    queues.assert_drained(queues.in_queue)
 
 
 async def test_a_retryable_error_is_redelivered_until_the_limit_then_concluded(
@@ -73,7 +73,7 @@ async def test_a_retryable_error_is_redelivered_until_the_limit_then_concluded(
     for attempt in range(1, 5):
         assert f"outcome=retry action=nack-requeue code=UPSTREAM_DOWN attempt={attempt}/5" in log
     assert "outcome=failure action=conclude code=UPSTREAM_DOWN attempt=5/5" in log
-    assert queues.counts(queues.in_queue) == (0, 0)
+    queues.assert_drained(queues.in_queue)
 
 
 async def test_a_crash_loop_is_abandoned_without_running_the_handler(
@@ -95,7 +95,7 @@ async def test_a_crash_loop_is_abandoned_without_running_the_handler(
     assert reports[-1].error.code == "TASK_ABANDONED_AFTER_REDELIVERIES"
     assert reports[-1].attempt == 6
     assert "code=TASK_ABANDONED_AFTER_REDELIVERIES attempt=6/5" in final.log()
-    assert queues.counts(queues.in_queue) == (0, 0)
+    queues.assert_drained(queues.in_queue)
 
 
 async def test_poison_bodies_are_settled_once_and_the_worker_keeps_serving(
@@ -127,7 +127,7 @@ async def test_poison_bodies_are_settled_once_and_the_worker_keeps_serving(
     assert log.count("outcome=poison action=reject") == 4
     assert log.count("outcome=poison action=conclude code=POISON_MESSAGE") == 1
     assert worker.process.poll() is None  # the same process served it all
-    assert queues.counts(queues.in_queue) == (0, 0)
+    queues.assert_drained(queues.in_queue)
 
 
 async def test_a_forced_disconnect_redelivers_the_task_and_it_succeeds_once(
@@ -150,7 +150,7 @@ async def test_a_forced_disconnect_redelivers_the_task_and_it_succeeds_once(
     assert "outcome=cancelled action=none" in log  # the first attempt: never acked on a new channel
     assert "PRECONDITION_FAILED" not in log  # no stale delivery tag was used
     assert worker.process.poll() is None
-    assert queues.counts(queues.in_queue) == (0, 0)
+    queues.assert_drained(queues.in_queue)
 
 
 async def test_a_factory_target_runs(queues: Queues, start_worker: Any, markers: Path) -> None:

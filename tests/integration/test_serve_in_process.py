@@ -28,7 +28,7 @@ async def test_serve_works_in_the_callers_loop_and_drains_when_cancelled(
     serving.cancel()
     with pytest.raises(asyncio.CancelledError):
         await serving
-    assert queues.counts(queues.in_queue) == (0, 0)
+    queues.assert_drained(queues.in_queue)
 
 
 async def test_serve_raises_when_the_broker_refuses(
