@@ -121,15 +121,19 @@ class Queues:
         raise LookupError(f"no queue {queue} in {self.vhost}")
 
     def assert_drained(self, queue: str, timeout_s: float = 20.0) -> None:
-        """Wait until ``queue`` has nothing ready and nothing unacked.
+        """Wait until ``queue`` has nothing ready and nothing unacked."""
+        self.assert_counts(queue, (0, 0), timeout_s)
+
+    def assert_counts(self, queue: str, expected: tuple[int, int], timeout_s: float = 20.0) -> None:
+        """Wait until ``queue`` holds ``(ready, unacked)`` messages.
 
         The broker publishes a quorum queue's counts with a lag (its stats interval), so a
-        count read right after the last ack can still show the message.
+        count read right after the last settle can still show the previous state.
         """
         deadline = time.monotonic() + timeout_s
-        while (counts := self.counts(queue)) != (0, 0):
+        while (counts := self.counts(queue)) != expected:
             if time.monotonic() > deadline:
-                raise AssertionError(f"{queue} still holds {counts} (ready, unacked)")
+                raise AssertionError(f"{queue} holds {counts} (ready, unacked), not {expected}")
             time.sleep(0.5)
 
     def env(self, **overrides: str) -> dict[str, str]:

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from pathlib import Path
 
 from pydantic import BaseModel
 
-from async_task_api_worker import RetryableError, TaskContext, Worker
+from async_task_api_worker import RetryableError, SyncTaskContext, TaskContext, Worker
 
 
 class Input(BaseModel):
@@ -27,7 +28,7 @@ class Output(BaseModel):
     attempt: int
 
 
-def _mark(ctx: TaskContext) -> None:
+def _mark(ctx: TaskContext | SyncTaskContext) -> None:
     folder = Path(os.environ["ATW_TEST_MARKERS"])
     (folder / f"{ctx.task_id}.{ctx.attempt}.{os.getpid()}").touch()
 
@@ -61,6 +62,17 @@ async def hang(task_input: Input, ctx: TaskContext) -> Output:
     """Never finish (until killed)."""
     _mark(ctx)
     await asyncio.sleep(3600)
+    return Output(attempt=ctx.attempt)
+
+
+stuck = Worker("stuck")
+
+
+@stuck.task(timeout=600)
+def block(task_input: Input, ctx: SyncTaskContext) -> Output:
+    """Block a thread for ten minutes: no drain can stop it."""
+    _mark(ctx)
+    time.sleep(600)
     return Output(attempt=ctx.attempt)
 
 

@@ -154,3 +154,23 @@ def test_dev_stops_on_sigterm_even_while_stdin_stays_open(
         assert main(["dev", "examples.count_words:worker"]) == 0
         os.close(write_end)  # the reader thread sees the end; only then can the file close
     assert '"type":"success"' in stdout.getvalue()
+
+
+def test_check_prints_the_budget_and_the_shutdown_bound(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("WORKER_SHUTDOWN_GRACE_S", "10")
+    assert main(["check", "examples.count_words:worker"]) == 0
+    out = capsys.readouterr().out
+    assert "worker count-words: async handler, service mode" in out
+    assert "= 120 s < consumer timeout 1800 s: ok" in out
+    assert "shutdown bound: 27 s after SIGTERM" in out
+    assert "terminationGracePeriodSeconds: 28" in out
+
+
+def test_check_exits_2_when_the_budget_fails(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("WORKER_TASK_TIMEOUT_S", "5000")
+    assert main(["check", "examples.count_words:worker"]) == 2
+    assert "must be under WORKER_CONSUMER_TIMEOUT_S" in capsys.readouterr().err

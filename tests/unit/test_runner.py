@@ -15,6 +15,7 @@ from async_task_api_worker.errors import BrokerUnavailableError
 from async_task_api_worker.ports import Delivery
 from async_task_api_worker.runtime import ExitCode, Runner, RunnerState
 from async_task_api_worker.runtime.entry import run_worker
+from async_task_api_worker.runtime.hooks import StartupHookError, shutdown_bound_s
 from async_task_api_worker.settings import load_settings
 from async_task_api_worker.testing import WorkerHarness
 from async_task_api_worker.transports.memory import InMemoryTransport
@@ -242,3 +243,140 @@ def test_run_worker_exits_2_on_a_bad_setting(
 
 def test_harness_and_runner_share_the_engine_rules() -> None:
     assert WorkerHarness(quick_worker()).settings.worker_delivery_limit == 5
+
+
+async def test_startup_hooks_run_in_order_before_connecting() -> None:
+    order: list[str] = []
+    worker = quick_worker()
+
+    @worker.on_startup
+    async def first() -> None:
+        order.append("first")
+
+    @worker.on_startup
+    async def second() -> None:
+        order.append("second")
+
+    class Recording(InMemoryTransport):
+        async def connect(self) -> None:
+            order.append("connect")
+            await super().connect()
+
+    runner = runner_for(worker, Recording())
+    serving = asyncio.create_task(runner.serve())
+    while runner.state is not RunnerState.RUNNING:
+        await asyncio.sleep(0)
+    runner.request_shutdown("test")
+    assert await serving is ExitCode.OK
+    assert order == ["first", "second", "connect"]
+
+
+async def test_a_failing_startup_hook_stops_the_worker_with_failure(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    worker = quick_worker()
+    shutdown_ran: list[bool] = []
+
+    @worker.on_startup
+    async def load_model() -> None:
+        raise FileNotFoundError("/secret/path/model.bin")
+
+    @worker.on_shutdown
+    async def cleanup() -> None:
+        shutdown_ran.append(True)
+
+    transport = InMemoryTransport()
+    runner = runner_for(worker, transport)
+    assert await runner.serve() is ExitCode.FAILURE
+    assert isinstance(runner.failure, StartupHookError)
+    assert shutdown_ran == []  # it never started
+    [line] = [r.getMessage() for r in caplog.records if "did not start" in r.getMessage()]
+    assert "load_model raised FileNotFoundError" in line
+    assert all("/secret/path" not in r.getMessage() for r in caplog.records)
+
+
+async def test_a_shutdown_during_a_slow_startup_hook_exits_at_once() -> None:
+    worker = quick_worker()
+    entered = asyncio.Event()
+
+    @worker.on_startup
+    async def slow() -> None:
+        entered.set()
+        await asyncio.sleep(3600)
+
+    runner = runner_for(worker, InMemoryTransport())
+    serving = asyncio.create_task(runner.serve())
+    await entered.wait()
+    runner.request_shutdown("SIGTERM")
+    assert await asyncio.wait_for(serving, timeout=5) is ExitCode.OK
+
+
+async def test_shutdown_hooks_share_one_budget(caplog: pytest.LogCaptureFixture) -> None:
+    worker = quick_worker()
+    ran: list[str] = []
+
+    @worker.on_shutdown
+    async def quick() -> None:
+        ran.append("quick")
+
+    @worker.on_shutdown
+    async def failing() -> None:
+        ran.append("failing")
+        raise RuntimeError("nope")
+
+    @worker.on_shutdown
+    async def forever() -> None:
+        ran.append("forever")
+        await asyncio.sleep(3600)
+
+    @worker.on_shutdown
+    async def late() -> None:
+        ran.append("late")
+
+    runner = runner_for(worker, InMemoryTransport(), worker_shutdown_hooks_timeout_s=0.2)
+    serving = asyncio.create_task(runner.serve())
+    while runner.state is not RunnerState.RUNNING:
+        await asyncio.sleep(0)
+    runner.request_shutdown("test")
+    assert await asyncio.wait_for(serving, timeout=5) is ExitCode.OK
+    assert ran == ["quick", "failing", "forever"]  # "late" got no time left
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("failing raised RuntimeError" in m for m in messages)
+    assert any("forever ran out of time" in m for m in messages)
+    assert any("No time left for shutdown hook" in m and "late" in m for m in messages)
+
+
+async def test_a_def_handler_still_running_after_the_drain_is_a_failure(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    release = threading.Event()
+    started = threading.Event()
+    worker = Worker("svc")
+
+    @worker.task(timeout=60)
+    def handle(task_input: Input, ctx: SyncTaskContext) -> Output:
+        started.set()
+        release.wait(30)
+        return Output()
+
+    transport = InMemoryTransport()
+    runner = runner_for(worker, transport, worker_shutdown_grace_s=0.05)
+    transport.put(body(7))
+    serving = asyncio.create_task(runner.serve())
+    await asyncio.to_thread(started.wait, 10)
+    runner.request_shutdown("SIGTERM")
+    try:
+        assert await serving is ExitCode.FAILURE
+        assert runner.stuck_task_ids == ("t-7",)
+        assert runner.failure is None
+        assert any("handler of task t-7 is still running" in r.getMessage() for r in caplog.records)
+    finally:
+        release.set()
+
+
+def test_the_shutdown_bound_follows_the_settings() -> None:
+    assert shutdown_bound_s(load_settings({}, read_environment=False)) == 42.0
+    short = load_settings({"worker_shutdown_grace_s": 2}, read_environment=False)
+    assert shutdown_bound_s(short) == 5 + 17
+    hooks = load_settings({"worker_shutdown_hooks_timeout_s": 10}, read_environment=False)
+    assert shutdown_bound_s(hooks) == 25 + 5 + 5 + 10 + 2

@@ -30,6 +30,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     run.add_argument("target", help="my_module:worker (a Worker, or a function returning one)")
 
+    check = commands.add_parser(
+        "check",
+        help="check a worker's definition, settings and time budget; print the shutdown bound",
+    )
+    check.add_argument("target", help="my_module:worker")
+
     dev = commands.add_parser(
         "dev",
         help="run a worker on the embedded in-memory broker, task inputs as JSON lines",
@@ -70,6 +76,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from async_task_api_worker.cli.commands.run import run_command
 
             return run_command(arguments.target)
+        if arguments.command == "check":
+            from async_task_api_worker.cli.commands.check import check_command
+
+            return check_command(arguments.target)
         if arguments.command == "dev":
             from async_task_api_worker.cli.commands.dev import dev_command
 

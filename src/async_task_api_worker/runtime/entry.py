@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import sys
 from collections.abc import Mapping
 from typing import Any
@@ -70,13 +71,21 @@ async def serve_worker(worker: Worker, settings: WorkerSettings | None = None) -
         runner.request_shutdown("the serving task was cancelled")
         await serving
         raise
-    if code is not ExitCode.OK:
-        raise BrokerUnavailableError("the transport gave up; see the log")
+    # A handler still stuck after the drain is logged, and left to the application: unlike
+    # `run`, serve() must not end the process.
+    if code is not ExitCode.OK and runner.failure is not None:
+        raise runner.failure
 
 
 async def _run(runner: Runner) -> ExitCode:
     with shutdown_on_signals(runner.request_shutdown):
-        return await runner.serve()
+        code = await runner.serve()
+    if runner.stuck_task_ids:
+        # A thread cannot be stopped, and asyncio would wait for it forever on the way out:
+        # the process ends here, at once, with 1 (seed, "Running a worker").
+        logging.shutdown()
+        os._exit(ExitCode.FAILURE)
+    return code
 
 
 def run_worker(worker: Worker, *, runner: Runner | None = None) -> ExitCode:

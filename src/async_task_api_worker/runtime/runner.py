@@ -14,7 +14,6 @@ import contextlib
 import logging
 from collections.abc import Iterable
 from enum import StrEnum
-from typing import Final
 
 from async_task_api_worker.definition import HandlerKind, Worker
 from async_task_api_worker.engine import Engine, StopSignal
@@ -23,16 +22,19 @@ from async_task_api_worker.executors import InlineExecutor, ThreadExecutor
 from async_task_api_worker.observability.redaction import exception_type_name
 from async_task_api_worker.ports import Delivery, Executor, Observer, Transport
 from async_task_api_worker.runtime.exit_codes import ExitCode
+from async_task_api_worker.runtime.hooks import (
+    CLOSE_TIMEOUT_S,
+    GIVE_BACK_TIMEOUT_S,
+    STOP_CONSUMING_MIN_S,
+    StartupHookError,
+    run_shutdown_hooks,
+    run_startup_hooks,
+)
 from async_task_api_worker.settings import WorkerSettings
 
-__all__ = ["GIVE_BACK_TIMEOUT_S", "Runner", "RunnerState"]
+__all__ = ["Runner", "RunnerState"]
 
 _logger = logging.getLogger("async_task_api_worker.runtime")
-
-#: Time the given-back deliveries get for their nacks after the grace period, in seconds.
-GIVE_BACK_TIMEOUT_S: Final = 5.0
-#: Time the transport gets to close, in seconds.
-CLOSE_TIMEOUT_S: Final = 5.0
 
 
 class RunnerState(StrEnum):
@@ -83,6 +85,11 @@ class Runner:
         self._in_flight: set[asyncio.Task[object]] = set()
         self._slots = asyncio.Semaphore(settings.worker_concurrency)
         self._exit_code = ExitCode.OK
+        self._started_hooks = False
+        self.failure: BaseException | None = None
+        """Why :meth:`serve` returned ``FAILURE``: the startup hook's or the transport's error
+        (``None`` when only a stuck handler made it fail)."""
+        self._requested_at: float | None = None
 
     @property
     def state(self) -> RunnerState:
@@ -102,15 +109,17 @@ class Runner:
                 self._grace_over.set()
             return
         _logger.info("Shutdown requested (%s): draining", reason)
+        self._requested_at = asyncio.get_running_loop().time()
         if self._state is RunnerState.RUNNING:
             self._state = RunnerState.DRAINING  # at once: readiness must say so from now on
         self._shutdown_requested.set()
 
     async def serve(self) -> ExitCode:
-        """Connect, consume until a shutdown request (or a transport failure), then drain.
+        """Run the startup hooks, connect, consume until a shutdown request, then drain.
 
         Returns:
-            ``OK`` after a clean stop, ``FAILURE`` if the transport gave up.
+            ``OK`` after a clean stop; ``FAILURE`` if a startup hook raised, the transport gave
+            up, or a handler is still running after the drain (:attr:`stuck_task_ids`).
 
         Raises:
             RuntimeError: :meth:`serve` was already called.
@@ -121,27 +130,59 @@ class Runner:
             raise RuntimeError(f"serve() was already called (state: {self._state})")
         self._state = RunnerState.STARTING
         try:
-            connecting = asyncio.ensure_future(self._transport.connect())
+            starting = asyncio.ensure_future(self._start())
             requested = asyncio.ensure_future(self._shutdown_requested.wait())
-            await asyncio.wait({connecting, requested}, return_when=asyncio.FIRST_COMPLETED)
-            if not connecting.done():  # a shutdown during startup does not wait for it
-                connecting.cancel()
+            await asyncio.wait({starting, requested}, return_when=asyncio.FIRST_COMPLETED)
+            if not starting.done():  # a shutdown during startup does not wait for it
+                starting.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await connecting
+                    await starting
                 await self._close()
-                return ExitCode.OK
+                return self._exit_code
             requested.cancel()
-            connecting.result()
+            starting.result()
             self._state = RunnerState.RUNNING
             consuming = asyncio.ensure_future(self._consume())
             waiter = asyncio.ensure_future(self._shutdown_requested.wait())
             await asyncio.wait({consuming, waiter}, return_when=asyncio.FIRST_COMPLETED)
             waiter.cancel()
             await self._drain(consuming)
+        except StartupHookError as exc:
+            _logger.error("The worker did not start: %s", exc)
+            self._exit_code = ExitCode.FAILURE
+            self.failure = exc
+            await self._close()
         finally:
             self._state = RunnerState.STOPPED
+            if self._started_hooks:
+                await run_shutdown_hooks(
+                    self._worker.shutdown_hooks, self._settings.worker_shutdown_hooks_timeout_s
+                )
+            self._check_stuck()
             await self._executor.aclose()
         return self._exit_code
+
+    async def _start(self) -> None:
+        await run_startup_hooks(self._worker.startup_hooks)
+        self._started_hooks = True
+        await self._transport.connect()
+
+    @property
+    def stuck_task_ids(self) -> tuple[str, ...]:
+        """Tasks whose handler still runs after the drain (a thread cannot be stopped)."""
+        stuck = getattr(self._executor, "stuck_task_ids", ())
+        return tuple(stuck)
+
+    def _check_stuck(self) -> None:
+        stuck = self.stuck_task_ids
+        for task_id in stuck:
+            _logger.error(
+                "The handler of task %s is still running after the drain and cannot be stopped",
+                task_id,
+                extra={"task_id": task_id},
+            )
+        if stuck:
+            self._exit_code = ExitCode.FAILURE
 
     async def _consume(self) -> None:
         try:
@@ -159,6 +200,7 @@ class Runner:
         except TransportError as exc:
             _logger.error("The transport gave up (%s): %s", exception_type_name(exc), exc)
             self._exit_code = ExitCode.FAILURE
+            self.failure = exc
             self._shutdown_requested.set()
 
     async def _handle(self, delivery: Delivery) -> None:
@@ -171,21 +213,24 @@ class Runner:
         self._state = RunnerState.DRAINING
         self._stop.draining.cancel("shutdown")
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(self._transport.stop_consuming(), timeout=CLOSE_TIMEOUT_S)
+            await asyncio.wait_for(self._transport.stop_consuming(), timeout=STOP_CONSUMING_MIN_S)
         consuming.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await consuming
-        if self._in_flight:
+        loop = asyncio.get_running_loop()
+        # The grace period runs from the signal, stopping the consumer included.
+        grace_ends = (self._requested_at or loop.time()) + self._settings.worker_shutdown_grace_s
+        if self._in_flight and not self._grace_over.is_set():
             _logger.info(
                 "Waiting up to %g s for %d in-flight tasks",
-                self._settings.worker_shutdown_grace_s,
+                max(0.0, grace_ends - loop.time()),
                 len(self._in_flight),
             )
             grace = asyncio.ensure_future(self._grace_over.wait())
             everything = asyncio.ensure_future(asyncio.wait(set(self._in_flight)))
             await asyncio.wait(
                 {grace, everything},
-                timeout=self._settings.worker_shutdown_grace_s,
+                timeout=max(0.0, grace_ends - loop.time()),
                 return_when=asyncio.FIRST_COMPLETED,
             )
             grace.cancel()

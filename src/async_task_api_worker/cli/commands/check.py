@@ -1,0 +1,45 @@
+"""``check my_module:worker``: the definition, the settings and the time budget, no broker.
+
+Prints what a deployment needs: the effective task timeout, the budget arithmetic, the shutdown
+bound and the ``terminationGracePeriodSeconds`` to set. Exits 0, or 2 with one line.
+"""
+
+from __future__ import annotations
+
+import math
+
+from async_task_api_worker.cli.loading import load_worker
+from async_task_api_worker.runtime.entry import prepare
+from async_task_api_worker.runtime.exit_codes import ExitCode
+from async_task_api_worker.runtime.hooks import shutdown_bound_s
+from async_task_api_worker.settings import CONSUMER_TIMEOUT_MARGIN_S
+
+__all__ = ["check_command"]
+
+
+def check_command(target: str) -> int:
+    """Check ``target`` against the environment's settings and print the numbers.
+
+    Raises:
+        ConfigError: the target, its definition, a setting or the time budget is wrong.
+    """
+    worker = load_worker(target)
+    settings = prepare(worker)
+    task = worker.task_definition
+    timeout_s = settings.task_timeout_s(task.timeout_s)
+    backoff_s = settings.worker_retry_backoff_max_s
+    bound_s = shutdown_bound_s(settings)
+    grace = settings.worker_shutdown_grace_s
+    hooks = settings.worker_shutdown_hooks_timeout_s
+    print(f"worker {worker.name}: {task.kind.value} handler, {settings.worker_mode.value} mode")
+    print(
+        f"time budget: task timeout {timeout_s:g} s + retry backoff cap {backoff_s:g} s + "
+        f"{CONSUMER_TIMEOUT_MARGIN_S:g} s = {timeout_s + backoff_s + CONSUMER_TIMEOUT_MARGIN_S:g} s"
+        f" < consumer timeout {settings.worker_consumer_timeout_s:g} s: ok"
+    )
+    print(
+        f"shutdown bound: {bound_s:g} s after SIGTERM (max(grace {grace:g} s, 5) + 5 s nacks + "
+        f"5 s close + {hooks:g} s shutdown hooks + 2 s)"
+    )
+    print(f"terminationGracePeriodSeconds: {math.ceil(bound_s) + 1}")
+    return ExitCode.OK

@@ -1,0 +1,111 @@
+"""Running the worker's startup and shutdown hooks, and the shutdown bound they fit in.
+
+Source: seed "Running a worker": startup hooks run before consuming (a failing one exits 1);
+shutdown hooks get ``WORKER_SHUTDOWN_HOOKS_TIMEOUT_S`` in total, each what is left.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Final
+
+from async_task_api_worker.observability.redaction import exception_type_name, safe_traceback
+from async_task_api_worker.settings import WorkerSettings
+
+__all__ = [
+    "CLOSE_TIMEOUT_S",
+    "GIVE_BACK_TIMEOUT_S",
+    "STOP_CONSUMING_MIN_S",
+    "STUCK_CHECK_S",
+    "StartupHookError",
+    "run_shutdown_hooks",
+    "run_startup_hooks",
+    "shutdown_bound_s",
+]
+
+_logger = logging.getLogger("async_task_api_worker.runtime")
+
+Hook = Callable[[], Awaitable[None]]
+
+#: Time the given-back deliveries get for their nacks after the grace period, in seconds.
+GIVE_BACK_TIMEOUT_S: Final = 5.0
+#: Time the transport gets to close, in seconds.
+CLOSE_TIMEOUT_S: Final = 5.0
+#: Time stopping the consumer may take, even with a grace period shorter than this.
+STOP_CONSUMING_MIN_S: Final = 5.0
+#: Time a handler thread started with ``asyncio.to_thread`` gets after the drain.
+STUCK_CHECK_S: Final = 2.0
+
+
+def shutdown_bound_s(settings: WorkerSettings) -> float:
+    """The longest a shutdown takes from the signal to the process exit, in seconds.
+
+    ``max(WORKER_SHUTDOWN_GRACE_S, 5) + 5 (nacks) + 5 (close) + WORKER_SHUTDOWN_HOOKS_TIMEOUT_S
+    + 2 (stuck threads)``: with the defaults, 25 + 17 = 42 s. A pod's
+    ``terminationGracePeriodSeconds`` must be at least this.
+    """
+    return (
+        max(settings.worker_shutdown_grace_s, STOP_CONSUMING_MIN_S)
+        + GIVE_BACK_TIMEOUT_S
+        + CLOSE_TIMEOUT_S
+        + settings.worker_shutdown_hooks_timeout_s
+        + STUCK_CHECK_S
+    )
+
+
+class StartupHookError(Exception):
+    """An ``on_startup`` hook raised: the worker does not start (exit 1)."""
+
+
+def _name(hook: Hook) -> str:
+    return getattr(hook, "__qualname__", repr(hook))
+
+
+async def run_startup_hooks(hooks: Sequence[Hook]) -> None:
+    """Run the startup hooks in order.
+
+    Raises:
+        StartupHookError: a hook raised; its type is named, its message is not (it may hold a
+            secret), the traceback's frames go to the log.
+    """
+    for hook in hooks:
+        try:
+            await hook()
+        except Exception as exc:
+            _logger.error(
+                "Startup hook %s raised %s\n%s",
+                _name(hook),
+                exception_type_name(exc),
+                safe_traceback(exc),
+            )
+            raise StartupHookError(
+                f"startup hook {_name(hook)} raised {exception_type_name(exc)}"
+            ) from exc
+
+
+async def run_shutdown_hooks(hooks: Sequence[Hook], budget_s: float) -> None:
+    """Run the shutdown hooks in order within ``budget_s`` seconds in total.
+
+    Each hook gets what is left of the budget; one that overruns is cancelled, one that raises
+    is logged; the next hooks still run (with what is left).
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + budget_s
+    for hook in hooks:
+        remaining = deadline - loop.time()
+        if remaining <= 0:
+            _logger.warning("No time left for shutdown hook %s; skipped", _name(hook))
+            continue
+        try:
+            await asyncio.wait_for(hook(), timeout=remaining)
+        except TimeoutError:
+            _logger.warning(
+                "Shutdown hook %s ran out of time (%g s left of %g s); cancelled",
+                _name(hook),
+                remaining,
+                budget_s,
+            )
+        except Exception as exc:
+            _logger.error("Shutdown hook %s raised %s", _name(hook), exception_type_name(exc))
