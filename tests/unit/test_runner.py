@@ -380,3 +380,65 @@ def test_the_shutdown_bound_follows_the_settings() -> None:
     assert shutdown_bound_s(short) == 5 + 17
     hooks = load_settings({"worker_shutdown_hooks_timeout_s": 10}, read_environment=False)
     assert shutdown_bound_s(hooks) == 25 + 5 + 5 + 10 + 2
+
+
+def job_settings(**values: object) -> dict[str, object]:
+    return {"worker_mode": "job", **values}
+
+
+async def test_job_mode_takes_its_quota_and_leaves_the_rest_untouched() -> None:
+    transport = InMemoryTransport(prefetch=1)
+    for number in range(5):
+        transport.put(body(number))
+    runner = runner_for(quick_worker(), transport, **job_settings(worker_job_max_deliveries=2))
+    assert await asyncio.wait_for(runner.serve(), timeout=10) is ExitCode.OK
+    assert len(transport.acked) == 2
+    assert transport.ready_count == 3
+    assert all(m.delivery_count == 0 and not m.redelivered for m in transport._ready)
+
+
+async def test_job_mode_lets_the_last_task_finish_whatever_the_grace_period() -> None:
+    worker = Worker("svc")
+
+    @worker.task(timeout=10)
+    async def handle(task_input: Input, ctx: TaskContext) -> Output:
+        await asyncio.sleep(0.3)
+        return Output()
+
+    transport = InMemoryTransport(prefetch=1)
+    transport.put(body(1))
+    settings = job_settings(worker_shutdown_grace_s=0.01)
+    runner = runner_for(worker, transport, **settings)
+    assert await asyncio.wait_for(runner.serve(), timeout=10) is ExitCode.OK
+    assert [p.report.type for p in transport.published] == ["started", "success"]
+
+
+async def test_job_mode_counts_a_poison_message_towards_its_quota() -> None:
+    transport = InMemoryTransport(prefetch=1)
+    transport.put(b"not json")
+    transport.put(body(1))
+    runner = runner_for(quick_worker(), transport, **job_settings())
+    assert await asyncio.wait_for(runner.serve(), timeout=10) is ExitCode.OK
+    assert [letter.reason for letter in transport.dead_letters] == ["rejected"]
+    assert transport.ready_count == 1
+
+
+async def test_job_mode_ends_after_its_idle_wait_with_an_empty_queue() -> None:
+    runner = runner_for(
+        quick_worker(), InMemoryTransport(), **job_settings(worker_job_idle_timeout_s=0.05)
+    )
+    assert await asyncio.wait_for(runner.serve(), timeout=10) is ExitCode.OK
+
+
+async def test_a_failing_task_still_ends_the_job_with_0() -> None:
+    worker = Worker("svc")
+
+    @worker.task(timeout=5)
+    async def handle(task_input: Input, ctx: TaskContext) -> Output:
+        raise RuntimeError("business as usual")
+
+    transport = InMemoryTransport(prefetch=1)
+    transport.put(body(1))
+    runner = runner_for(worker, transport, **job_settings())
+    assert await asyncio.wait_for(runner.serve(), timeout=10) is ExitCode.OK
+    assert [p.report.type for p in transport.published] == ["started", "failure"]

@@ -19,7 +19,12 @@ from async_task_api_worker.observability.logging import configure_logging
 from async_task_api_worker.runtime.exit_codes import ExitCode
 from async_task_api_worker.runtime.runner import Runner
 from async_task_api_worker.runtime.signals import shutdown_on_signals
-from async_task_api_worker.settings import WorkerSettings, check_time_budget, load_settings
+from async_task_api_worker.settings import (
+    WorkerMode,
+    WorkerSettings,
+    check_time_budget,
+    load_settings,
+)
 
 __all__ = ["prepare", "run_worker", "serve_worker"]
 
@@ -42,12 +47,16 @@ def rabbitmq_runner(worker: Worker, settings: WorkerSettings) -> Runner:
     """A runner for ``worker`` on the RabbitMQ broker of ``BROKER_URL``."""
     from async_task_api_worker.transports.rabbitmq import RabbitMQTransport
 
+    job = settings.worker_mode is WorkerMode.JOB
     transport = RabbitMQTransport(
         url=settings.broker_url.get_secret_value(),
         in_queue=settings.in_queue(worker.name),
         out_queue=settings.out_queue(worker.name),
-        prefetch=settings.worker_concurrency,
+        # Job mode takes one delivery at a time, whatever WORKER_CONCURRENCY says (which then
+        # only sizes the handler slots and the thread pool), and gives up connecting in time.
+        prefetch=1 if job else settings.worker_concurrency,
         service=worker.name,
+        connect_timeout_s=settings.worker_job_connect_timeout_s if job else None,
     )
     return Runner(worker, settings, transport)
 

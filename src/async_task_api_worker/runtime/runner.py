@@ -30,7 +30,7 @@ from async_task_api_worker.runtime.hooks import (
     run_shutdown_hooks,
     run_startup_hooks,
 )
-from async_task_api_worker.settings import WorkerSettings
+from async_task_api_worker.settings import WorkerMode, WorkerSettings
 
 __all__ = ["Runner", "RunnerState"]
 
@@ -86,6 +86,11 @@ class Runner:
         self._slots = asyncio.Semaphore(settings.worker_concurrency)
         self._exit_code = ExitCode.OK
         self._started_hooks = False
+        self._job = settings.worker_mode is WorkerMode.JOB
+        self._quota = settings.worker_job_max_deliveries
+        self._quota_reached = False
+        self._arrivals = 0
+        self._activity = asyncio.Event()
         self.failure: BaseException | None = None
         """Why :meth:`serve` returned ``FAILURE``: the startup hook's or the transport's error
         (``None`` when only a stuck handler made it fail)."""
@@ -144,8 +149,13 @@ class Runner:
             self._state = RunnerState.RUNNING
             consuming = asyncio.ensure_future(self._consume())
             waiter = asyncio.ensure_future(self._shutdown_requested.wait())
-            await asyncio.wait({consuming, waiter}, return_when=asyncio.FIRST_COMPLETED)
-            waiter.cancel()
+            # In job mode, consuming ends by design once the quota is in hand: the job ends when
+            # its tasks are done (with their own timeouts, not the grace period), or when idle.
+            # A transport failure still requests the shutdown.
+            watched = {waiter, asyncio.ensure_future(self._watch_job()) if self._job else consuming}
+            await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
+            for future in watched - {consuming}:
+                future.cancel()
             await self._drain(consuming)
         except StartupHookError as exc:
             _logger.error("The worker did not start: %s", exc)
@@ -184,9 +194,33 @@ class Runner:
         if stuck:
             self._exit_code = ExitCode.FAILURE
 
+    async def _watch_job(self) -> None:
+        """Job mode: return once the quota is in hand and done, or after an idle wait."""
+        loop = asyncio.get_running_loop()
+        idle_s = self._settings.worker_job_idle_timeout_s
+        idle_since = loop.time()
+        while True:
+            if self._quota_reached and not self._in_flight:
+                _logger.info("Job quota of %d deliveries done", self._quota)
+                return
+            self._activity.clear()
+            if self._in_flight or self._quota_reached:
+                await self._activity.wait()
+                idle_since = loop.time()
+                continue
+            try:
+                await asyncio.wait_for(
+                    self._activity.wait(), timeout=max(0.0, idle_since + idle_s - loop.time())
+                )
+            except TimeoutError:
+                _logger.info("No delivery for %g s: the job ends", idle_s)
+                return
+            idle_since = loop.time()
+
     async def _consume(self) -> None:
         try:
             async for delivery in self._transport.deliveries():
+                self._arrivals += 1
                 try:
                     await self._slots.acquire()
                 except asyncio.CancelledError:
@@ -196,7 +230,17 @@ class Runner:
                     raise
                 task = asyncio.ensure_future(self._handle(delivery))
                 self._in_flight.add(task)
-                task.add_done_callback(self._in_flight.discard)
+                task.add_done_callback(self._finished)
+                self._activity.set()
+                if self._job and self._arrivals >= self._quota:
+                    # The last one is in hand (and registered): consume no more, so that no
+                    # other message is held, or pushed towards its delivery limit, by a job
+                    # about to exit.
+                    self._quota_reached = True
+                    with contextlib.suppress(Exception):
+                        await asyncio.wait_for(
+                            self._transport.stop_consuming(), timeout=STOP_CONSUMING_MIN_S
+                        )
         except TransportError as exc:
             _logger.error("The transport gave up (%s): %s", exception_type_name(exc), exc)
             self._exit_code = ExitCode.FAILURE
@@ -208,6 +252,12 @@ class Runner:
             await self._engine.handle(delivery, self._stop)
         finally:
             self._slots.release()
+
+    def _finished(self, task: asyncio.Task[object]) -> None:
+        # Signalled only once the task has left the in-flight set, so that a watcher woken
+        # by it sees the set as it now is.
+        self._in_flight.discard(task)
+        self._activity.set()
 
     async def _drain(self, consuming: asyncio.Future[None]) -> None:
         self._state = RunnerState.DRAINING
