@@ -34,3 +34,100 @@ async def test_a_def_handler_stuck_past_the_drain_exits_1_within_the_bound(
     assert elapsed < bound, f"{elapsed:.1f} s, bound {bound} s"
     assert f"The handler of task {task_id} is still running after the drain" in worker.log()
     queues.assert_counts(queues.in_queue, (1, 0))  # given back, not lost, no failure report
+
+
+def bound_for(grace_s: float) -> float:
+    return shutdown_bound_s(
+        load_settings({"worker_shutdown_grace_s": grace_s}, read_environment=False)
+    )
+
+
+async def test_sigterm_lets_a_running_task_finish_and_exits_0(
+    queues: Queues, start_worker: Any, markers: Path
+) -> None:
+    worker = start_worker(
+        "tests.integration.workers:sleeping",
+        queues.env(ATW_TEST_MARKERS=str(markers), WORKER_SHUTDOWN_GRACE_S="10"),
+    )
+    async with TaskClient(
+        url=queues.url, service="sleeping", in_queue=queues.in_queue, out_queue=queues.out_queue
+    ) as client:
+        task_id = await client.submit({"seconds": 3})
+        wait_for(lambda: calls(markers, task_id) == [1], what="the handler to start")
+        signalled = time.monotonic()
+        worker.signal(signal.SIGTERM)
+        assert worker.wait(timeout_s=120) == 0
+        assert time.monotonic() - signalled < bound_for(10)
+        reports = [r async for r in client.reports(task_id)]
+    assert [r.type for r in reports] == ["started", "success"]
+    assert worker.log().count("outcome=success action=ack") == 1
+    queues.assert_drained(queues.in_queue)  # acked once: nobody will receive it again
+
+
+async def test_a_task_longer_than_the_grace_is_given_back_without_a_report(
+    queues: Queues, start_worker: Any, markers: Path
+) -> None:
+    env = queues.env(ATW_TEST_MARKERS=str(markers), WORKER_SHUTDOWN_GRACE_S="1")
+    worker = start_worker("tests.integration.workers:sleeping", env)
+    async with TaskClient(
+        url=queues.url, service="sleeping", in_queue=queues.in_queue, out_queue=queues.out_queue
+    ) as client:
+        task_id = await client.submit({"seconds": 3600})  # only the first attempt sleeps
+        wait_for(lambda: calls(markers, task_id) == [1], what="the handler to start")
+        signalled = time.monotonic()
+        worker.signal(signal.SIGTERM)
+        assert worker.wait(timeout_s=120) == 0
+        assert time.monotonic() - signalled < bound_for(1)
+        assert "outcome=shutdown_requeued action=nack-requeue" in worker.log()
+        queues.assert_counts(queues.in_queue, (1, 0))
+        second = start_worker("tests.integration.workers:sleeping", env)
+        reports = [r async for r in client.reports(task_id)]
+    assert [r.type for r in reports] == ["started", "started", "success"]  # no failure report
+    # RabbitMQ 3.10 counts the give-back (basic.nack) as a delivery: the next attempt is 2.
+    # From 4.3 only basic.reject counts, and the same test would see attempt 1 again.
+    assert reports[-1].attempt == 2
+    assert "attempt=2/5" in second.log()
+
+
+async def test_a_second_sigterm_ends_the_drain_at_once(
+    queues: Queues, start_worker: Any, markers: Path
+) -> None:
+    env = queues.env(ATW_TEST_MARKERS=str(markers), WORKER_SHUTDOWN_GRACE_S="600")
+    worker = start_worker("tests.integration.workers:sleeping", env)
+    async with TaskClient(
+        url=queues.url, service="sleeping", in_queue=queues.in_queue, out_queue=queues.out_queue
+    ) as client:
+        task_id = await client.submit({"seconds": 3600})
+        wait_for(lambda: calls(markers, task_id) == [1], what="the handler to start")
+        worker.signal(signal.SIGTERM)
+        worker.wait_for_log("Waiting up to")
+        signalled = time.monotonic()
+        worker.signal(signal.SIGTERM)
+        assert worker.wait(timeout_s=120) == 0
+        assert time.monotonic() - signalled < bound_for(0)  # the grace no longer counts
+    assert "Second shutdown request" in worker.log()
+    queues.assert_counts(queues.in_queue, (1, 0))
+
+
+def test_a_signal_during_a_slow_startup_hook_exits_0_at_once(
+    queues: Queues, start_worker: Any
+) -> None:
+    worker = start_worker(
+        "tests.integration.workers:slow_start", queues.env(), wait_connected=False
+    )
+    worker.wait_for_log("Running 1 startup hook(s)")  # inside its hour-long hook now
+    signalled = time.monotonic()
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(timeout_s=60) == 0
+    assert time.monotonic() - signalled < bound_for(25)
+    assert "Connected to" not in worker.log()
+
+
+def test_a_failing_startup_hook_exits_1_with_one_line(queues: Queues, start_worker: Any) -> None:
+    worker = start_worker(
+        "tests.integration.workers:failing_start", queues.env(), wait_connected=False
+    )
+    assert worker.wait(timeout_s=60) == 1
+    lines = [line for line in worker.log().splitlines() if "did not start" in line]
+    assert len(lines) == 1
+    assert "cannot_load raised FileNotFoundError" in lines[0]

@@ -76,6 +76,36 @@ def block(task_input: Input, ctx: SyncTaskContext) -> Output:
     return Output(attempt=ctx.attempt)
 
 
+slow_start = Worker("slow-start")
+
+
+@slow_start.on_startup
+async def load_slowly() -> None:
+    """A startup hook that takes an hour (a model download, say)."""
+    await asyncio.sleep(3600)
+
+
+@slow_start.task(timeout=5)
+async def never_reached(task_input: Input, ctx: TaskContext) -> Output:
+    """Not reached in the tests."""
+    return Output(attempt=ctx.attempt)
+
+
+failing_start = Worker("failing-start")
+
+
+@failing_start.on_startup
+async def cannot_load() -> None:
+    """A startup hook that fails."""
+    raise FileNotFoundError("model.bin")
+
+
+@failing_start.task(timeout=5)
+async def unreachable(task_input: Input, ctx: TaskContext) -> Output:
+    """Not reached in the tests."""
+    return Output(attempt=ctx.attempt)
+
+
 def factory() -> Worker:
     """A factory target: ``tests.integration.workers:factory``."""
     return sleeping

@@ -70,6 +70,8 @@ async def run_startup_hooks(hooks: Sequence[Hook]) -> None:
         StartupHookError: a hook raised; its type is named, its message is not (it may hold a
             secret), the traceback's frames go to the log.
     """
+    if hooks:
+        _logger.info("Running %d startup hook(s)", len(hooks))
     for hook in hooks:
         try:
             await hook()
