@@ -131,3 +131,20 @@ def test_a_failing_startup_hook_exits_1_with_one_line(queues: Queues, start_work
     lines = [line for line in worker.log().splitlines() if "did not start" in line]
     assert len(lines) == 1
     assert "cannot_load raised FileNotFoundError" in lines[0]
+
+
+async def test_a_to_thread_thread_stuck_past_the_drain_exits_1_within_the_bound(
+    queues: Queues, start_worker: Any, markers: Path
+) -> None:
+    env = queues.env(ATW_TEST_MARKERS=str(markers), WORKER_SHUTDOWN_GRACE_S="1")
+    worker = start_worker("tests.integration.workers:offloading", env)
+    async with TaskClient(
+        url=queues.url, service="offloading", in_queue=queues.in_queue, out_queue=queues.out_queue
+    ) as client:
+        task_id = await client.submit({})
+    wait_for(lambda: calls(markers, task_id) == [1], what="the handler to start")
+    signalled = time.monotonic()
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(timeout_s=120) == 1
+    assert time.monotonic() - signalled < bound_for(1)
+    assert f"started by the handler of task {task_id} (asyncio.to_thread)" in worker.log()

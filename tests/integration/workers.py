@@ -76,6 +76,17 @@ def block(task_input: Input, ctx: SyncTaskContext) -> Output:
     return Output(attempt=ctx.attempt)
 
 
+offloading = Worker("offloading")
+
+
+@offloading.task(timeout=600)
+async def offload(task_input: Input, ctx: TaskContext) -> Output:
+    """Block a thread started with asyncio.to_thread for ten minutes."""
+    _mark(ctx)
+    await asyncio.to_thread(time.sleep, 600)
+    return Output(attempt=ctx.attempt)
+
+
 slow_start = Worker("slow-start")
 
 

@@ -17,8 +17,10 @@ from async_task_api_worker.definition import Worker
 from async_task_api_worker.errors import BrokerUnavailableError, ConfigError
 from async_task_api_worker.observability.logging import configure_logging
 from async_task_api_worker.runtime.exit_codes import ExitCode
+from async_task_api_worker.runtime.hooks import STUCK_CHECK_S
 from async_task_api_worker.runtime.runner import Runner
 from async_task_api_worker.runtime.signals import shutdown_on_signals
+from async_task_api_worker.runtime.threads import TaskAwareExecutor
 from async_task_api_worker.settings import (
     WorkerMode,
     WorkerSettings,
@@ -87,9 +89,20 @@ async def serve_worker(worker: Worker, settings: WorkerSettings | None = None) -
 
 
 async def _run(runner: Runner) -> ExitCode:
+    threads = TaskAwareExecutor()
+    asyncio.get_running_loop().set_default_executor(threads)
     with shutdown_on_signals(runner.request_shutdown):
         code = await runner.serve()
-    if runner.stuck_task_ids:
+    for task_id in await threads.wait_idle(STUCK_CHECK_S):
+        _logger.error(
+            "A thread started by the handler of task %s (asyncio.to_thread) is still running "
+            "%g s after the drain and cannot be stopped",
+            task_id,
+            STUCK_CHECK_S,
+            extra={"task_id": task_id},
+        )
+        code = ExitCode.FAILURE
+    if code is ExitCode.FAILURE and (runner.stuck_task_ids or threads.running_task_ids()):
         # A thread cannot be stopped, and asyncio would wait for it forever on the way out:
         # the process ends here, at once, with 1 (seed, "Running a worker").
         logging.shutdown()
