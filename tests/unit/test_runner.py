@@ -442,3 +442,19 @@ async def test_a_failing_task_still_ends_the_job_with_0() -> None:
     runner = runner_for(worker, transport, **job_settings())
     assert await asyncio.wait_for(runner.serve(), timeout=10) is ExitCode.OK
     assert [p.report.type for p in transport.published] == ["started", "failure"]
+
+
+async def test_a_shutdown_in_job_mode_drains_as_in_service_mode() -> None:
+    entered = asyncio.Event()
+    transport = InMemoryTransport(prefetch=1)
+    transport.put(body(1))
+    runner = runner_for(
+        blocking_worker(entered), transport, **job_settings(worker_shutdown_grace_s=0.05)
+    )
+    serving = asyncio.create_task(runner.serve())
+    await entered.wait()
+    runner.request_shutdown("SIGTERM")
+    assert await asyncio.wait_for(serving, timeout=10) is ExitCode.OK
+    [message] = transport._ready  # given back past the grace, no failure report
+    assert message.delivery_count == 0
+    assert [p.report.type for p in transport.published] == ["started"]
