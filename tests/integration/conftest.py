@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from async_task_api_worker.client import TaskClient
+
 REPO = Path(__file__).resolve().parents[2]
 BROKER_HOST, BROKER_PORT = "127.0.0.1", 5672
 QUEUE_DELIVERY_LIMIT = 20
@@ -135,6 +137,12 @@ class Queues:
             if time.monotonic() > deadline:
                 raise AssertionError(f"{queue} holds {counts} (ready, unacked), not {expected}")
             time.sleep(0.5)
+
+    def client(self, service: str) -> TaskClient:
+        """A client of the worker ``service`` on these queues."""
+        return TaskClient(
+            url=self.url, service=service, in_queue=self.in_queue, out_queue=self.out_queue
+        )
 
     def env(self, **overrides: str) -> dict[str, str]:
         """The environment of a worker process on these queues."""

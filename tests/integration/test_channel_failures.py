@@ -6,7 +6,6 @@ import asyncio
 
 import pytest
 
-from async_task_api_worker.client import TaskClient
 from async_task_api_worker.runtime import ExitCode, Runner
 from async_task_api_worker.settings import load_settings
 from async_task_api_worker.transports.rabbitmq import RabbitMQTransport
@@ -38,9 +37,7 @@ async def test_a_closed_channel_is_reopened_and_the_consumer_restored(
     transport = transport_for(queues)
     runner = Runner(worker, load_settings({}, read_environment=False), transport)
     serving = asyncio.create_task(runner.serve())
-    async with TaskClient(
-        url=queues.url, service="count-words", in_queue=queues.in_queue, out_queue=queues.out_queue
-    ) as client:
+    async with queues.client("count-words") as client:
         first = await client.submit({"text": "before"})
         assert (await collect(client, first))[-1].type == "success"
         await close_consume_channel(transport)

@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 
-from async_task_api_worker.client import TaskClient
 from async_task_api_worker.protocol import FailureReport, decode_report
 from tests.integration.conftest import REPO, Queues
 from tests.integration.test_run_on_rabbitmq import calls, collect
@@ -112,9 +111,7 @@ async def test_a_classic_queue_retries_once_then_concludes_with_a_warning(
         "tests.integration.workers:retrying", queues.env(ATW_TEST_MARKERS=str(markers))
     )
     assert "is not a quorum queue" in worker.log()
-    async with TaskClient(
-        url=queues.url, service="retrying", in_queue=queues.in_queue, out_queue=queues.out_queue
-    ) as client:
+    async with queues.client("retrying") as client:
         task_id = await client.submit({})
         reports = await collect(client, task_id)
     assert calls(markers, task_id) == [1, 2]

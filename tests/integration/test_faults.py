@@ -6,7 +6,7 @@ from typing import Any
 
 import aio_pika
 
-from async_task_api_worker.client import TaskClient, build_envelope
+from async_task_api_worker.client import build_envelope
 from tests.integration.conftest import Queues, rabbitmqctl
 from tests.integration.test_run_on_rabbitmq import collect
 
@@ -32,9 +32,7 @@ async def test_a_deleted_output_queue_is_declared_again_and_no_task_is_lost(
     task_id, body = build_envelope({"text": "after the delete"}, service="count-words")
     await publish_directly(queues, body)
     worker.wait_for_log("outcome=success action=ack")
-    async with TaskClient(
-        url=queues.url, service="count-words", in_queue=queues.in_queue, out_queue=queues.out_queue
-    ) as client:
+    async with queues.client("count-words") as client:
         client.watch(task_id)
         reports = await collect(client, task_id)
     assert [r.type for r in reports] == ["started", "progress", "success"]
@@ -51,9 +49,7 @@ async def test_forged_delivery_count_headers_do_not_stall_the_worker(
         task_id, body = build_envelope({"text": "forged"}, service="count-words")
         task_ids.append(task_id)
         await publish_directly(queues, body, {"x-delivery-count": forged})
-    async with TaskClient(
-        url=queues.url, service="count-words", in_queue=queues.in_queue, out_queue=queues.out_queue
-    ) as client:
+    async with queues.client("count-words") as client:
         for task_id in task_ids:
             client.watch(task_id)
         for task_id in task_ids:

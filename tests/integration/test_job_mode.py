@@ -7,7 +7,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from async_task_api_worker.client import TaskClient
 from tests.integration.conftest import Queues
 from tests.integration.test_run_on_rabbitmq import calls, collect
 
@@ -25,9 +24,7 @@ def job_env(queues: Queues, markers: Path, **overrides: str) -> dict[str, str]:
 async def test_five_job_runs_with_a_quota_of_one_process_five_tasks_at_their_first_attempt(
     queues: Queues, markers: Path, start_worker: Any
 ) -> None:
-    async with TaskClient(
-        url=queues.url, service="sleeping", in_queue=queues.in_queue, out_queue=queues.out_queue
-    ) as client:
+    async with queues.client("sleeping") as client:
         task_ids = [await client.submit({"seconds": 0.2}) for _ in range(5)]
         for _ in range(5):
             job = start_worker(
@@ -74,9 +71,7 @@ def test_an_unreachable_broker_ends_the_job_with_1_after_the_connect_timeout(
 async def test_a_failing_task_still_ends_the_job_with_0(
     queues: Queues, markers: Path, start_worker: Any
 ) -> None:
-    async with TaskClient(
-        url=queues.url, service="count-words", in_queue=queues.in_queue, out_queue=queues.out_queue
-    ) as client:
+    async with queues.client("count-words") as client:
         task_id = await client.submit({"text": "  "})
         job = start_worker(
             "examples.count_words:worker", job_env(queues, markers), wait_connected=False

@@ -12,12 +12,6 @@ from async_task_api_worker.protocol import FailureReport, SuccessReport
 from tests.integration.conftest import Queues, rabbitmqctl, wait_for
 
 
-def client_for(queues: Queues, service: str) -> TaskClient:
-    return TaskClient(
-        url=queues.url, service=service, in_queue=queues.in_queue, out_queue=queues.out_queue
-    )
-
-
 async def collect(client: TaskClient, task_id: str, timeout_s: float = 60.0) -> list[AnyReport]:
     async def gather() -> list[AnyReport]:
         return [report async for report in client.reports(task_id)]
@@ -32,7 +26,7 @@ def calls(markers: Path, task_id: str) -> list[int]:
 
 async def test_run_processes_submitted_tasks_in_order(queues: Queues, start_worker: Any) -> None:
     start_worker("examples.count_words:worker", queues.env())
-    async with client_for(queues, "count-words") as client:
+    async with queues.client("count-words") as client:
         task_id = await client.submit({"text": "hello big world"})
         reports = await collect(client, task_id)
     assert [r.type for r in reports] == ["started", "progress", "success"]
@@ -46,7 +40,7 @@ async def test_a_fatal_error_is_one_failure_and_the_input_is_acked(
     queues: Queues, start_worker: Any
 ) -> None:
     start_worker("examples.count_words:worker", queues.env())
-    async with client_for(queues, "count-words") as client:
+    async with queues.client("count-words") as client:
         task_id = await client.submit({"text": "   "})
         reports = await collect(client, task_id)
     assert [r.type for r in reports] == ["started", "failure"]
@@ -61,7 +55,7 @@ async def test_a_retryable_error_is_redelivered_until_the_limit_then_concluded(
     worker = start_worker(
         "tests.integration.workers:retrying", queues.env(ATW_TEST_MARKERS=str(markers))
     )
-    async with client_for(queues, "retrying") as client:
+    async with queues.client("retrying") as client:
         task_id = await client.submit({})
         reports = await collect(client, task_id)
     started = [r.attempt for r in reports if r.type == "started"]
@@ -80,7 +74,7 @@ async def test_a_crash_loop_is_abandoned_without_running_the_handler(
     queues: Queues, start_worker: Any, markers: Path
 ) -> None:
     env = queues.env(ATW_TEST_MARKERS=str(markers))
-    async with client_for(queues, "hanging") as client:
+    async with queues.client("hanging") as client:
         task_id = await client.submit({})
         for run in range(1, 6):
             worker = start_worker("tests.integration.workers:hanging", env)
@@ -108,7 +102,7 @@ async def test_poison_bodies_are_settled_once_and_the_worker_keeps_serving(
         "array": b"[1, 2, 3]",
         "no_task_id": b'{"protocol_version": 1, "client_id": "c", "service": "count-words"}',
     }
-    async with client_for(queues, "count-words") as client:
+    async with queues.client("count-words") as client:
         for body in bodies.values():
             await client.publish_raw(body)
         client.watch("poison-1")
@@ -136,7 +130,7 @@ async def test_a_forced_disconnect_redelivers_the_task_and_it_succeeds_once(
     worker = start_worker(
         "tests.integration.workers:sleeping", queues.env(ATW_TEST_MARKERS=str(markers))
     )
-    async with client_for(queues, "sleeping") as client:
+    async with queues.client("sleeping") as client:
         task_id = await client.submit({"seconds": 3600})
         wait_for(lambda: calls(markers, task_id) == [1], what="the first call")
         rabbitmqctl("close_all_connections", "-p", queues.vhost, "integration test")
@@ -155,7 +149,7 @@ async def test_a_forced_disconnect_redelivers_the_task_and_it_succeeds_once(
 
 async def test_a_factory_target_runs(queues: Queues, start_worker: Any, markers: Path) -> None:
     start_worker("tests.integration.workers:factory", queues.env(ATW_TEST_MARKERS=str(markers)))
-    async with client_for(queues, "sleeping") as client:
+    async with queues.client("sleeping") as client:
         task_id = await client.submit({})
         reports = await collect(client, task_id)
     assert reports[-1].type == "success"

@@ -6,7 +6,6 @@ import asyncio
 
 import pytest
 
-from async_task_api_worker.client import TaskClient
 from async_task_api_worker.errors import BrokerRefusedError
 from examples.count_words import worker
 from tests.integration.conftest import Queues
@@ -19,9 +18,7 @@ async def test_serve_works_in_the_callers_loop_and_drains_when_cancelled(
     for name, value in queues.env().items():
         monkeypatch.setenv(name, value)
     serving = asyncio.create_task(worker.serve())
-    async with TaskClient(
-        url=queues.url, service="count-words", in_queue=queues.in_queue, out_queue=queues.out_queue
-    ) as client:
+    async with queues.client("count-words") as client:
         task_id = await client.submit({"text": "in process"})
         reports = await collect(client, task_id)
     assert [r.type for r in reports] == ["started", "progress", "success"]

@@ -7,7 +7,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from async_task_api_worker.client import TaskClient
 from async_task_api_worker.runtime.hooks import shutdown_bound_s
 from async_task_api_worker.settings import load_settings
 from tests.integration.conftest import Queues, wait_for
@@ -20,9 +19,7 @@ async def test_a_def_handler_stuck_past_the_drain_exits_1_within_the_bound(
     overrides = {"WORKER_SHUTDOWN_GRACE_S": "1"}
     env = queues.env(ATW_TEST_MARKERS=str(markers), **overrides)
     worker = start_worker("tests.integration.workers:stuck", env)
-    async with TaskClient(
-        url=queues.url, service="stuck", in_queue=queues.in_queue, out_queue=queues.out_queue
-    ) as client:
+    async with queues.client("stuck") as client:
         task_id = await client.submit({})
     wait_for(lambda: calls(markers, task_id) == [1], what="the handler to start")
     signalled = time.monotonic()
@@ -49,9 +46,7 @@ async def test_sigterm_lets_a_running_task_finish_and_exits_0(
         "tests.integration.workers:sleeping",
         queues.env(ATW_TEST_MARKERS=str(markers), WORKER_SHUTDOWN_GRACE_S="10"),
     )
-    async with TaskClient(
-        url=queues.url, service="sleeping", in_queue=queues.in_queue, out_queue=queues.out_queue
-    ) as client:
+    async with queues.client("sleeping") as client:
         task_id = await client.submit({"seconds": 3})
         wait_for(lambda: calls(markers, task_id) == [1], what="the handler to start")
         signalled = time.monotonic()
@@ -69,9 +64,7 @@ async def test_a_task_longer_than_the_grace_is_given_back_without_a_report(
 ) -> None:
     env = queues.env(ATW_TEST_MARKERS=str(markers), WORKER_SHUTDOWN_GRACE_S="1")
     worker = start_worker("tests.integration.workers:sleeping", env)
-    async with TaskClient(
-        url=queues.url, service="sleeping", in_queue=queues.in_queue, out_queue=queues.out_queue
-    ) as client:
+    async with queues.client("sleeping") as client:
         task_id = await client.submit({"seconds": 3600})  # only the first attempt sleeps
         wait_for(lambda: calls(markers, task_id) == [1], what="the handler to start")
         signalled = time.monotonic()
@@ -94,9 +87,7 @@ async def test_a_second_sigterm_ends_the_drain_at_once(
 ) -> None:
     env = queues.env(ATW_TEST_MARKERS=str(markers), WORKER_SHUTDOWN_GRACE_S="600")
     worker = start_worker("tests.integration.workers:sleeping", env)
-    async with TaskClient(
-        url=queues.url, service="sleeping", in_queue=queues.in_queue, out_queue=queues.out_queue
-    ) as client:
+    async with queues.client("sleeping") as client:
         task_id = await client.submit({"seconds": 3600})
         wait_for(lambda: calls(markers, task_id) == [1], what="the handler to start")
         worker.signal(signal.SIGTERM)
@@ -138,9 +129,7 @@ async def test_a_to_thread_thread_stuck_past_the_drain_exits_1_within_the_bound(
 ) -> None:
     env = queues.env(ATW_TEST_MARKERS=str(markers), WORKER_SHUTDOWN_GRACE_S="1")
     worker = start_worker("tests.integration.workers:offloading", env)
-    async with TaskClient(
-        url=queues.url, service="offloading", in_queue=queues.in_queue, out_queue=queues.out_queue
-    ) as client:
+    async with queues.client("offloading") as client:
         task_id = await client.submit({})
     wait_for(lambda: calls(markers, task_id) == [1], what="the handler to start")
     signalled = time.monotonic()
