@@ -23,6 +23,7 @@ __all__ = [
     "Action",
     "CancelToken",
     "Delivery",
+    "DeliveryReceived",
     "DeliverySettled",
     "EngineEvent",
     "ExecutionRequest",
@@ -188,6 +189,11 @@ class Transport(Protocol):
         """Whether deliveries carry the broker's delivery count (quorum queues do)."""
         ...
 
+    @property
+    def consuming(self) -> bool:
+        """Whether the broker connection is up and the consumer active right now (readiness)."""
+        ...
+
     async def connect(self) -> None:
         """Connect and declare what the worker needs."""
         ...
@@ -284,6 +290,11 @@ class Executor(Protocol):
 
 
 @dataclass(frozen=True, slots=True)
+class DeliveryReceived:
+    """The engine took a delivery; exactly one :class:`DeliverySettled` follows it."""
+
+
+@dataclass(frozen=True, slots=True)
 class TaskStarted:
     """A handler is about to run (its ``started`` report was confirmed)."""
 
@@ -301,14 +312,14 @@ class DeliverySettled:
 
 @dataclass(frozen=True, slots=True)
 class ReportPublished:
-    """A report was confirmed by the broker."""
+    """A report was confirmed by the broker; ``report_type`` is a :class:`ReportType` value."""
 
     report_type: str
 
 
 @dataclass(frozen=True, slots=True)
 class PublishFailed:
-    """A report was not confirmed."""
+    """One try to publish a report was not confirmed (a retried report may fail several times)."""
 
     report_type: str
 
@@ -326,7 +337,13 @@ class ProgressDropped:
 
 
 EngineEvent = (
-    TaskStarted | DeliverySettled | ReportPublished | PublishFailed | AckFailed | ProgressDropped
+    DeliveryReceived
+    | TaskStarted
+    | DeliverySettled
+    | ReportPublished
+    | PublishFailed
+    | AckFailed
+    | ProgressDropped
 )
 
 

@@ -8,7 +8,10 @@ where they fail.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -18,6 +21,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -153,6 +157,9 @@ class Queues:
             OUT_QUEUE_NAME=self.out_queue,
             WORKER_RETRY_BACKOFF_S="0.01",
             WORKER_RETRY_BACKOFF_MAX_S="0.01",
+            # Every worker process its own free port: tests run several at once.
+            HEALTH_CHECK_HOST="127.0.0.1",
+            HEALTH_CHECK_PORT="0",
             PYTHONUNBUFFERED="1",
         )
         environment.update(overrides)
@@ -194,6 +201,23 @@ class WorkerProcess:
 
     def log(self) -> str:
         return self.log_path.read_text()
+
+    def lines(self) -> list[dict[str, Any]]:
+        """The process's output lines that are JSON log records, parsed."""
+        parsed = []
+        for line in self.log().splitlines():
+            if line.startswith("{"):
+                with contextlib.suppress(ValueError):
+                    parsed.append(json.loads(line))
+        return parsed
+
+    @property
+    def probes_url(self) -> str:
+        """``http://127.0.0.1:PORT`` of the probes server, read from its first log line."""
+        self.wait_for_log("Probes server listening on ")
+        match = re.search(r"Probes server listening on (http://[0-9.]+:[0-9]+)", self.log())
+        assert match is not None
+        return match.group(1)
 
     def wait_for_log(self, text: str, timeout_s: float = 30.0) -> None:
         """Wait until ``text`` appears in the process's output (or it exits, or time is up)."""

@@ -44,6 +44,7 @@ from async_task_api_worker.ports import (
     AckFailed,
     Action,
     Delivery,
+    DeliveryReceived,
     DeliverySettled,
     EngineEvent,
     ExecutionRequest,
@@ -85,6 +86,9 @@ class _Verdict:
 # The task did not fail, its report could not get out (after retries in place): give the
 # delivery back without burning an attempt, or a broker outage would abandon healthy tasks.
 _PUBLISH_FAILED = _Verdict(Outcome.PUBLISH_FAILED, Action.NACK_REQUEUE, counted=False)
+
+
+_RECEIVED = DeliveryReceived()
 
 
 def _is_well_formed(error: TaskError) -> bool:
@@ -183,6 +187,7 @@ class Engine:
                 first (requeued without counting an attempt).
         """
         arrived_at = self._monotonic()
+        self._notify(_RECEIVED)
         run = self._reporter_for(delivery)
         try:
             verdict = await self._process(run, stop or self._never)

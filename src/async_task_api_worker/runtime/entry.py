@@ -18,6 +18,7 @@ from async_task_api_worker.errors import BrokerUnavailableError, ConfigError
 from async_task_api_worker.observability.logging import configure_logging
 from async_task_api_worker.runtime.exit_codes import ExitCode
 from async_task_api_worker.runtime.hooks import STUCK_CHECK_S
+from async_task_api_worker.runtime.observed import serving_probes
 from async_task_api_worker.runtime.runner import Runner
 from async_task_api_worker.runtime.signals import shutdown_on_signals
 from async_task_api_worker.runtime.threads import TaskAwareExecutor
@@ -69,19 +70,23 @@ async def serve_worker(worker: Worker, settings: WorkerSettings | None = None) -
     Installs no signal handler (the application owns them); cancel the calling task to stop:
     the worker drains as on SIGTERM, then the cancel propagates.
 
+    The probes server (``/health``, ``/ready``, ``/metrics``) runs for as long as the worker.
+
     Raises:
-        SettingsError: a setting is invalid, checked before connecting.
+        SettingsError: a setting is invalid, checked before connecting (or the probes server
+            cannot listen on ``HEALTH_CHECK_HOST:HEALTH_CHECK_PORT``).
         BrokerRefusedError: the broker refused the connection.
         BrokerUnavailableError: the transport gave up.
     """
     runner = rabbitmq_runner(worker, settings or prepare(worker))
-    serving = asyncio.ensure_future(runner.serve())
-    try:
-        code = await asyncio.shield(serving)
-    except asyncio.CancelledError:
-        runner.request_shutdown("the serving task was cancelled")
-        await serving
-        raise
+    async with serving_probes(runner):
+        serving = asyncio.ensure_future(runner.serve())
+        try:
+            code = await asyncio.shield(serving)
+        except asyncio.CancelledError:
+            runner.request_shutdown("the serving task was cancelled")
+            await serving
+            raise
     # A handler still stuck after the drain is logged, and left to the application: unlike
     # `run`, serve() must not end the process.
     if code is not ExitCode.OK and runner.failure is not None:
@@ -89,6 +94,11 @@ async def serve_worker(worker: Worker, settings: WorkerSettings | None = None) -
 
 
 async def _run(runner: Runner) -> ExitCode:
+    async with serving_probes(runner):
+        return await _run_observed(runner)
+
+
+async def _run_observed(runner: Runner) -> ExitCode:
     threads = TaskAwareExecutor()
     asyncio.get_running_loop().set_default_executor(threads)
     with shutdown_on_signals(runner.request_shutdown):
@@ -113,8 +123,12 @@ async def _run(runner: Runner) -> ExitCode:
 def run_worker(worker: Worker, *, runner: Runner | None = None) -> ExitCode:
     """Run ``worker`` until SIGTERM/SIGINT, in a new event loop; returns the exit code.
 
+    The probes server runs from before the startup hooks to the end of the shutdown; logs are
+    JSON lines on stdout (unless the application configured logging first).
+
     Errors become exit codes with one line on stderr: 2 for configuration (a bad setting, the
-    time budget, refused credentials), 1 for a broker that cannot be reached.
+    time budget, refused credentials, a probes port that cannot be bound), 1 for a broker that
+    cannot be reached.
     """
     try:
         if runner is None:

@@ -19,6 +19,7 @@ from async_task_api_worker.definition import HandlerKind, Worker
 from async_task_api_worker.engine import Engine, StopSignal
 from async_task_api_worker.errors import TransportError
 from async_task_api_worker.executors import InlineExecutor, ThreadExecutor
+from async_task_api_worker.observability.metrics import WorkerMetrics
 from async_task_api_worker.observability.redaction import exception_type_name
 from async_task_api_worker.ports import Delivery, Executor, Observer, Transport
 from async_task_api_worker.runtime.exit_codes import ExitCode
@@ -56,7 +57,8 @@ class Runner:
         transport: the broker (connected by :meth:`serve`).
         executor: runs the handler; default: inline for ``async def``, a thread pool of
             ``WORKER_CONCURRENCY`` threads for ``def``.
-        observers: told of every engine event.
+        observers: told of every engine event, after :attr:`metrics`.
+        metrics: the worker's metrics; default: new ones on a registry of their own.
     """
 
     def __init__(
@@ -67,8 +69,11 @@ class Runner:
         *,
         executor: Executor | None = None,
         observers: Iterable[Observer] = (),
+        metrics: WorkerMetrics | None = None,
     ) -> None:
         self._worker = worker
+        self.metrics = metrics or WorkerMetrics()
+        """The worker's Prometheus metrics (served on ``/metrics``)."""
         self._settings = settings
         self._transport = transport
         task = worker.task_definition
@@ -77,7 +82,9 @@ class Runner:
             if task.kind is HandlerKind.ASYNC
             else ThreadExecutor(settings.worker_concurrency)
         )
-        self._engine = Engine(worker, settings, transport, self._executor, observers=observers)
+        self._engine = Engine(
+            worker, settings, transport, self._executor, observers=(self.metrics, *observers)
+        )
         self._state = RunnerState.CREATED
         self._stop = StopSignal()
         self._shutdown_requested = asyncio.Event()
@@ -105,6 +112,38 @@ class Runner:
     def in_flight(self) -> int:
         """Deliveries being processed right now."""
         return len(self._in_flight)
+
+    @property
+    def worker(self) -> Worker:
+        """The worker being run."""
+        return self._worker
+
+    @property
+    def settings(self) -> WorkerSettings:
+        """The worker's settings."""
+        return self._settings
+
+    @property
+    def quota_reached(self) -> bool:
+        """Job mode: the quota of deliveries is in hand and the consumer cancelled."""
+        return self._quota_reached
+
+    def readiness(self) -> dict[str, str]:
+        """The runtime's components that are not ready, and why.
+
+        Source: seed "Probes, metrics and logs". ``draining`` once a shutdown is requested or
+        a job's quota is in hand; ``broker`` while not connected, or the consumer not active.
+        """
+        failing: dict[str, str] = {}
+        if self._state in (RunnerState.DRAINING, RunnerState.STOPPED):
+            failing["draining"] = "the worker is shutting down"
+        elif self._quota_reached:
+            failing["draining"] = f"the job's quota of {self._quota} deliveries is in hand"
+        elif self._state is not RunnerState.RUNNING:
+            failing["broker"] = "not connected yet"
+        elif not self._transport.consuming:
+            failing["broker"] = "not connected, or not consuming"
+        return failing
 
     def request_shutdown(self, reason: str = "requested") -> None:
         """Ask for a graceful stop; a second call ends the grace period at once. Idempotent."""

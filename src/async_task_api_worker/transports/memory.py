@@ -158,6 +158,11 @@ class InMemoryTransport:
 
     # ------------------------------------------------------------------ the Transport
 
+    @property
+    def consuming(self) -> bool:
+        """Whether :meth:`deliveries` is handing out messages (between connect and stop)."""
+        return self._consuming
+
     async def connect(self) -> None:
         """Nothing to connect to; marks the transport as consuming."""
         self._consuming = True

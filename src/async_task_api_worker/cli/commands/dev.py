@@ -2,7 +2,8 @@
 
 Each line of FILE (or stdin) is a task input, a JSON object; each published report is printed
 as one JSON line, its canonical bytes, as soon as it is confirmed. A line that is not a JSON
-object is reported on stderr and skipped. Logs go to stderr.
+object is reported on stderr and skipped. Logs go to stderr, as JSON lines. There is no probes
+server in ``dev``.
 """
 
 from __future__ import annotations
@@ -133,7 +134,7 @@ def dev_command(target: str, path: str) -> int:
     """
     worker = load_worker(target)
     settings = prepare(worker)
-    configure_logging(settings.log_level)
+    configure_logging(settings.log_level, stream=sys.stderr)  # stdout carries the reports
     if path == "-":
         return asyncio.run(_serve(worker, settings, sys.stdin))
     try:

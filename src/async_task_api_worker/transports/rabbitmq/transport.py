@@ -166,6 +166,20 @@ class RabbitMQTransport:
         """Whether the connection is open right now (``False`` while it reconnects)."""
         return self._connection is not None and not self._connection.is_closed
 
+    @property
+    def consuming(self) -> bool:
+        """Whether the connection is up and the consumer active (``False`` while reconnecting).
+
+        aio-pika restores the consumer before it calls the channel's reopen callbacks, so the
+        channel counts as open again only once consuming has resumed.
+        """
+        return (
+            self.connected
+            and self._channel_open
+            and self._consumer_tag is not None
+            and not self._stopping
+        )
+
     async def connect(self) -> None:
         """Connect, open the channels, declare both queues and learn the input queue's type.
 
