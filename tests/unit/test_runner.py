@@ -228,7 +228,8 @@ def test_run_worker_drains_on_sigterm_and_exits_0() -> None:
 
     transport = InMemoryTransport()
     transport.put(body(1))
-    runner = Runner(worker, load_settings({}, read_environment=False), transport)
+    settings = load_settings({"health_check_port": 0}, read_environment=False)
+    runner = Runner(worker, settings, transport)
     assert run_worker(worker, runner=runner) is ExitCode.OK
     assert [p.report.type for p in transport.published] == ["started", "success"]
 

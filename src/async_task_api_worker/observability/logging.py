@@ -90,8 +90,8 @@ class JsonFormatter(logging.Formatter):
 
     Keys: ``ts`` (``2026-11-30T01:25:12.123456Z``), ``level``, ``logger``, ``msg``; then the
     task fields when bound; then the record's other ``extra`` fields that are not ``None``
-    (values that are not JSON scalars become strings); ``exc`` holds a traceback when the record carries one. URL
-    passwords are replaced by ``***`` in ``msg`` and ``exc``.
+    (values that are not JSON scalars become strings); ``exc`` holds a traceback when the
+    record carries one. URL passwords are replaced by ``***`` in ``msg`` and ``exc``.
     """
 
     def format(self, record: logging.LogRecord) -> str:
@@ -109,12 +109,7 @@ class JsonFormatter(logging.Formatter):
             if value is not None:
                 line[name] = _scalar(value)
         for name, value in record.__dict__.items():
-            if (
-                value is None
-                or name in _RECORD_ATTRIBUTES
-                or name in line
-                or name.startswith("_")
-            ):
+            if value is None or name in _RECORD_ATTRIBUTES or name in line or name.startswith("_"):
                 continue
             line[name] = _scalar(value)
         if record.exc_info and record.exc_info[1] is not None:

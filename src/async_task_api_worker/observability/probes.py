@@ -87,15 +87,25 @@ class ReadinessCheck:
         self._probe_timeout_s = probe_timeout_s
         self._pending: asyncio.Future[dict[str, str]] | None = None
         self._last: dict[str, str] | None = None
+        self.waiting = 0
+        """Callers waiting for the evaluation in progress."""
 
     async def evaluate(self) -> dict[str, str]:
-        """The failing components and why (empty: ready); never raises but a cancel."""
+        """The failing components and why (empty: ready).
+
+        Raises:
+            Exception: whatever ``builtin`` raised (the probe hooks' errors are caught).
+        """
         if self._pending is None:
             pending = asyncio.ensure_future(self._evaluate())
             self._pending = pending
             pending.add_done_callback(self._evaluated)
-        # Shielded: a client hanging up must not cancel the evaluation the others wait for.
-        return await asyncio.shield(self._pending)
+        self.waiting += 1
+        try:
+            # Shielded: a client hanging up must not cancel what the others wait for.
+            return await asyncio.shield(self._pending)
+        finally:
+            self.waiting -= 1
 
     def _evaluated(self, _: asyncio.Future[dict[str, str]]) -> None:
         self._pending = None
@@ -172,6 +182,11 @@ class ProbesServer:
         if self._server is None or not self._server.sockets:
             return self._port
         return int(self._server.sockets[0].getsockname()[1])
+
+    @property
+    def connections(self) -> int:
+        """Connections being served right now."""
+        return len(self._active)
 
     async def start(self) -> None:
         """Bind and start serving.
