@@ -8,7 +8,6 @@ where they fail.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
@@ -181,18 +180,22 @@ def markers(tmp_path: Path) -> Path:
 
 
 class WorkerProcess:
-    """``python -m async_task_api_worker run TARGET`` as a real process, logs to files."""
+    """``python -m async_task_api_worker run TARGET`` as a real process, stdout and stderr to
+    files of their own."""
 
     def __init__(self, target: str, env: dict[str, str], logs: Path) -> None:
         self.target = target
-        self.log_path = logs / f"worker-{uuid.uuid4().hex[:6]}.log"
-        self._log = self.log_path.open("w")
+        name = f"worker-{uuid.uuid4().hex[:6]}"
+        self.stdout_path = logs / f"{name}.stdout"
+        self.stderr_path = logs / f"{name}.stderr"
+        self._stdout = self.stdout_path.open("w")
+        self._stderr = self.stderr_path.open("w")
         self.process = subprocess.Popen(
             [sys.executable, "-m", "async_task_api_worker", "run", target],
             cwd=REPO,
             env=env,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
+            stdout=self._stdout,
+            stderr=self._stderr,
         )
 
     @property
@@ -200,16 +203,15 @@ class WorkerProcess:
         return self.process.pid
 
     def log(self) -> str:
-        return self.log_path.read_text()
+        """Everything the process wrote: stdout, then stderr."""
+        return self.stdout() + self.stderr_path.read_text()
+
+    def stdout(self) -> str:
+        return self.stdout_path.read_text()
 
     def lines(self) -> list[dict[str, Any]]:
-        """The process's output lines that are JSON log records, parsed."""
-        parsed = []
-        for line in self.log().splitlines():
-            if line.startswith("{"):
-                with contextlib.suppress(ValueError):
-                    parsed.append(json.loads(line))
-        return parsed
+        """The process's stdout lines, each parsed as JSON (fails on a line that is not)."""
+        return [json.loads(line) for line in self.stdout().splitlines()]
 
     @property
     def probes_url(self) -> str:
@@ -243,7 +245,8 @@ class WorkerProcess:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
-        self._log.close()
+        self._stdout.close()
+        self._stderr.close()
 
 
 @pytest.fixture
