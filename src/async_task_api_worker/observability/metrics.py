@@ -23,9 +23,10 @@ metric                                    labels                                
 ``worker_sdk_info``                       ``version``                                 1
 ========================================  =========================================  ===========
 
-plus prometheus-client's process, platform and GC collectors. A user error code is a label
-value only if it matches the protocol's code pattern, and only the first
-:data:`MAX_USER_CODES` distinct ones get their own series; later ones are counted as
+At most 136 series in all (a value outside a fixed set, which only a bug could send, is
+counted as ``other``), plus prometheus-client's process, platform and GC collectors. A user
+error code is a label value only if it matches the protocol's code pattern, and only the
+first :data:`MAX_USER_CODES` distinct ones get their own series; later ones are counted as
 ``OTHER`` (a handler building codes from data cannot blow up the scrape).
 """
 
@@ -194,6 +195,8 @@ class WorkerMetrics:
         for report_type in ReportType:
             self.published.labels(report_type.value)
             self.publish_failures.labels(report_type.value)
+        for code in ErrorCode:
+            self.failures.labels(code.value)
         for reason in PoisonReason:
             self.poison.labels(reason.value)
         for drop in ProgressDropReason:

@@ -17,9 +17,11 @@ from async_task_api_worker.ports import (
     DeliverySettled,
     Outcome,
     ProgressDropped,
+    PublishFailed,
     ReportPublished,
     Settlement,
 )
+from async_task_api_worker.protocol.codes import ErrorCode
 from async_task_api_worker.runtime import Runner
 from async_task_api_worker.runtime.observed import serving_probes
 from async_task_api_worker.settings import load_settings
@@ -193,7 +195,7 @@ def test_user_codes_past_the_bound_and_invalid_codes_count_as_other() -> None:
         for (name, labels), v in body.items()
         if name == "worker_task_failures_total"
     }
-    assert len(codes) == MAX_USER_CODES + 2
+    assert len(codes) == len(ErrorCode) + MAX_USER_CODES + 1
     assert codes[OTHER_CODE] == 7
     assert codes["TASK_TIMEOUT"] == 1
     assert codes["CODE_0"] == 1
@@ -222,3 +224,21 @@ def test_loop_lag_is_recorded_in_seconds() -> None:
     metrics.set_loop_lag(-0.001)  # a timer that fired early is no lag
     body = samples(metrics.exposition()[0].decode())
     assert body[("event_loop_lag_seconds", (("component", "worker"),))] == 0.0
+
+
+def test_the_worst_case_stays_within_the_documented_136_series() -> None:
+    metrics = WorkerMetrics()
+    for number in range(3 * MAX_USER_CODES):
+        metrics.notify(DeliveryReceived())
+        metrics.notify(settled(f"CODE_{number}"))
+    metrics.notify(ReportPublished("made_up"))
+    metrics.notify(PublishFailed("made_up"))
+    metrics.notify(ProgressDropped("made_up"))
+    poison = Settlement(Outcome.POISON, Action.REJECT, None, None, 1, 5, poison_reason="made_up")
+    metrics.notify(DeliverySettled(poison, 0.1, False))
+    ours = [
+        key
+        for key in samples(metrics.exposition()[0].decode())
+        if key[0].startswith(("worker_", "event_loop_"))
+    ]
+    assert len(ours) == 136
