@@ -34,6 +34,7 @@ __all__ = [
     "TaskContext",
     "bind_task_fields",
     "current_task_fields",
+    "progress_sink_of",
 ]
 
 
@@ -119,10 +120,10 @@ class _ProgressGate:
     snapshot cannot change under the encoder if the handler keeps mutating its dict.
     """
 
-    __slots__ = ("_highest", "_loop", "_sink")
+    __slots__ = ("_highest", "_loop", "sink")
 
     def __init__(self, sink: ProgressSink, loop: asyncio.AbstractEventLoop | None) -> None:
-        self._sink = sink
+        self.sink = sink
         self._loop = loop
         self._highest = 0.0
 
@@ -169,9 +170,9 @@ class _ProgressGate:
 
     def _deliver(self, result: ProgressUpdate | ProgressDropReason) -> None:
         if isinstance(result, ProgressUpdate):
-            self._sink.offer(result)
+            self.sink.offer(result)
         else:
-            self._sink.drop(result)
+            self.sink.drop(result)
 
 
 class _ContextBase:
@@ -265,3 +266,12 @@ class SyncTaskContext(_ContextBase):
     ) -> None:
         """Report the task's latest progress; same rules as :meth:`TaskContext.progress`."""
         self._gate.submit(fraction, payload)
+
+
+def progress_sink_of(context: TaskContext | SyncTaskContext) -> ProgressSink:
+    """Where ``context`` hands its checked updates (an executor's relay).
+
+    An executor that runs the handler in another process checks the updates there, with that
+    process's own context, and forwards the accepted ones (and the drops) to this sink.
+    """
+    return context._gate.sink

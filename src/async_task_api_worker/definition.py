@@ -6,6 +6,7 @@ own :class:`~async_task_api_worker.errors.DefinitionError` subclass and a one-li
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import math
 import re
@@ -13,7 +14,7 @@ import typing
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, Final, ParamSpec, TypeVar, overload
+from typing import Any, Final, Literal, ParamSpec, TypeVar, overload
 
 from pydantic import BaseModel
 
@@ -28,12 +29,13 @@ from async_task_api_worker.errors import (
     InvalidProbeNameError,
     InvalidTimeoutError,
     InvalidWorkerNameError,
+    IsolationError,
     NoTaskError,
     OutputModelError,
 )
 from async_task_api_worker.protocol.envelope import SERVICE_PATTERN
 
-__all__ = ["HandlerKind", "ReadinessProbe", "TaskDefinition", "Worker"]
+__all__ = ["HandlerKind", "ReadinessProbe", "TaskDefinition", "Worker", "read_task"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -72,6 +74,12 @@ class TaskDefinition:
         input_model: the pydantic model of the task input (the first parameter's annotation).
         output_model: the pydantic model of the response (the return annotation).
         timeout_s: the declared timeout, in seconds (``WORKER_TASK_TIMEOUT_S`` overrides it).
+        isolation: ``None`` (in the worker's process) or ``"process"`` (a fresh child process
+            per task, killed as a whole process group).
+        memory_limit_bytes: with process isolation, the address-space limit of the task's
+            process (``RLIMIT_AS``), or ``None``.
+        cpu_limit_s: with process isolation, the CPU time limit of the task's process
+            (``RLIMIT_CPU``), in seconds, or ``None``.
     """
 
     handler: Callable[..., Any]
@@ -79,6 +87,14 @@ class TaskDefinition:
     input_model: type[BaseModel]
     output_model: type[BaseModel]
     timeout_s: float
+    isolation: Literal["process"] | None = None
+    memory_limit_bytes: int | None = None
+    cpu_limit_s: float | None = None
+
+    @property
+    def handler_reference(self) -> str:
+        """``module:qualified.name`` of the handler, how a child process finds it."""
+        return f"{self.handler.__module__}:{self.handler.__qualname__}"
 
 
 def _qualified(function: Callable[..., Any]) -> str:
@@ -94,7 +110,12 @@ def _model_of(annotation: object) -> type[BaseModel] | None:
     return None
 
 
-def _read_task(function: Callable[..., Any], timeout_s: float) -> TaskDefinition:
+def read_task(function: Callable[..., Any], timeout_s: float) -> TaskDefinition:
+    """Read a task from its handler's signature (what ``@worker.task`` does).
+
+    Raises:
+        HandlerSignatureError: the handler's shape is wrong (a subclass says how).
+    """
     name = _qualified(function)
     if not inspect.isfunction(function):
         raise HandlerKindError(f"task handler {name} must be a def or async def function")
@@ -143,6 +164,32 @@ def _read_task(function: Callable[..., Any], timeout_s: float) -> TaskDefinition
     )
 
 
+def _check_isolation(isolation: object, memory_limit_bytes: object, cpu_limit_s: object) -> None:
+    if isolation not in (None, "process"):
+        raise IsolationError(f'isolation must be "process" or None, got {isolation!r}')
+    for name, value in (("memory_limit_bytes", memory_limit_bytes), ("cpu_limit_s", cpu_limit_s)):
+        if value is None:
+            continue
+        if isolation is None:
+            raise IsolationError(f'{name} needs isolation="process"')
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not math.isfinite(value)
+            or value <= 0
+            or (name == "memory_limit_bytes" and not isinstance(value, int))
+        ):
+            raise IsolationError(f"{name} must be a positive number, got {value!r}")
+
+
+def _check_importable(function: Callable[..., Any]) -> None:
+    if "<locals>" in function.__qualname__ or "<lambda>" in function.__qualname__:
+        raise IsolationError(
+            f"task handler {function.__qualname__} runs in a child process with "
+            f'isolation="process", which finds it by name: define it at module level'
+        )
+
+
 def _check_async(kind: str, function: Callable[..., Any]) -> None:
     if not inspect.iscoroutinefunction(function):
         raise HookNotAsyncError(f"{kind} hook {_qualified(function)} must be an async def function")
@@ -179,7 +226,12 @@ class Worker:
         return f"Worker({self.name!r})"
 
     def task(
-        self, *misuse: object, timeout: float | None = None
+        self,
+        *misuse: object,
+        timeout: float | None = None,
+        isolation: Literal["process"] | None = None,
+        memory_limit_bytes: int | None = None,
+        cpu_limit_s: float | None = None,
     ) -> Callable[[Callable[P, R]], Callable[P, R]]:
         """Declare the worker's task; the decorated function is returned unchanged.
 
@@ -187,11 +239,23 @@ class Worker:
             *misuse: nothing: present only to refuse the bare ``@worker.task`` with a clear error.
             timeout: how long the handler may run, in seconds (positive, finite). At the
                 deadline an ``async def`` handler is cancelled and a ``def`` handler's thread
-                abandoned; the task fails with ``TASK_TIMEOUT``.
+                abandoned; the task fails with ``TASK_TIMEOUT``. With process isolation, the
+                task's whole process group is killed (SIGKILL).
+            isolation: ``"process"`` runs each task in a fresh child process, in a session of
+                its own, killed with its whole process group at the deadline, at the end of
+                the drain, or on a cancel. The handler must be a module-level function.
+            memory_limit_bytes: with process isolation, the task process's address-space
+                limit (``RLIMIT_AS``, the interpreter included); hitting it is
+                ``WORKER_CRASHED``.
+            cpu_limit_s: with process isolation, the task process's CPU time limit
+                (``RLIMIT_CPU``), in seconds; hitting it is ``WORKER_CRASHED``.
 
         Raises:
             HandlerSignatureError: the decorator was used bare (``@worker.task``).
             InvalidTimeoutError: ``timeout`` is missing, or not a positive, finite number.
+            IsolationError: ``isolation`` is not ``"process"`` or ``None``, a limit is given
+                without process isolation or is not positive, or the handler cannot be found
+                by a child process (not a module-level function).
             DuplicateTaskError: the worker already has a task.
             HandlerSignatureError: the handler's shape is wrong; the subclass says how
                 (``HandlerKindError``, ``ContextParameterError``, ``InputModelError``,
@@ -212,6 +276,7 @@ class Worker:
             raise InvalidTimeoutError(
                 f"task timeout must be a positive, finite number of seconds, got {timeout!r}"
             )
+        _check_isolation(isolation, memory_limit_bytes, cpu_limit_s)
 
         def register(function: Callable[P, R]) -> Callable[P, R]:
             if self._task is not None:
@@ -219,7 +284,16 @@ class Worker:
                     f"worker {self.name!r} already has its task "
                     f"{_qualified(self._task.handler)}; a worker runs exactly one task"
                 )
-            self._task = _read_task(function, float(timeout))
+            task = read_task(function, float(timeout))
+            if isolation is not None:
+                _check_importable(function)
+                task = dataclasses.replace(
+                    task,
+                    isolation=isolation,
+                    memory_limit_bytes=memory_limit_bytes,
+                    cpu_limit_s=None if cpu_limit_s is None else float(cpu_limit_s),
+                )
+            self._task = task
             return function
 
         return register

@@ -7,6 +7,8 @@ The tree::
     │   ├── FatalError             conclude the task now with this code
     │   └── RetryableError         requeue and try again, up to the delivery limit
     ├── TaskTimeoutError           the handler ran past its timeout (code TASK_TIMEOUT)
+    ├── IsolatedTaskError          a task's child process crashed or left no valid result
+    ├── RemoteHandlerError         a handler raised in its child process (INTERNAL_ERROR)
     ├── ProtocolError              bytes that do not follow docs/protocol.md
     │   ├── EnvelopeDecodeError    an inbound body that is not a valid envelope (a poison message)
     │   └── ReportEncodeError      a report that cannot be encoded (too large, not JSON)
@@ -30,6 +32,7 @@ The tree::
             │   ├── ContextParameterError
             │   ├── InputModelError
             │   └── OutputModelError
+            ├── IsolationError
             ├── HookNotAsyncError
             └── InvalidProbeNameError
 
@@ -60,10 +63,13 @@ __all__ = [
     "InvalidProbeNameError",
     "InvalidTimeoutError",
     "InvalidWorkerNameError",
+    "IsolatedTaskError",
+    "IsolationError",
     "NoTaskError",
     "OutputModelError",
     "ProtocolError",
     "PublishError",
+    "RemoteHandlerError",
     "ReportEncodeError",
     "RetryableError",
     "SettingsError",
@@ -182,6 +188,41 @@ class TaskTimeoutError(AsyncTaskWorkerError):
     """The handler did not finish within its timeout (protocol code ``TASK_TIMEOUT``)."""
 
     code: ClassVar[str] = "TASK_TIMEOUT"
+
+
+class IsolatedTaskError(AsyncTaskWorkerError):
+    """A process-isolated task ended without a usable result.
+
+    Its process died from a signal the SDK did not send (a segfault, the OOM killer, a CPU
+    limit: ``WORKER_CRASHED``), hit its memory limit (``WORKER_CRASHED``), or exited without a
+    valid result (``INVALID_RESULT``). The engine publishes ``task_code`` with ``message``.
+
+    Attributes:
+        task_code: the SDK's error code for the failure report.
+        message: what happened, without the task's data.
+    """
+
+    def __init__(self, task_code: str, message: str) -> None:
+        self.task_code = task_code
+        self.message = message
+        super().__init__(f"{task_code}: {message}")
+
+
+class RemoteHandlerError(AsyncTaskWorkerError):
+    """A handler running in a child process raised an exception that is not a ``TaskError``.
+
+    Reported as ``INTERNAL_ERROR``, as in process. Only the exception's type and its frames
+    cross the process boundary, never its message (docs/protocol.md, "Payloads and secrets").
+
+    Attributes:
+        remote_type_name: ``module.QualifiedName`` of the exception raised in the child.
+        remote_traceback: its frames and types (no message, no source line).
+    """
+
+    def __init__(self, remote_type_name: str, remote_traceback: str) -> None:
+        self.remote_type_name = remote_type_name
+        self.remote_traceback = remote_traceback
+        super().__init__(f"the handler raised {remote_type_name} in its process")
 
 
 class ProtocolError(AsyncTaskWorkerError):
@@ -314,6 +355,10 @@ class InputModelError(HandlerSignatureError):
 
 class OutputModelError(HandlerSignatureError):
     """The return annotation is not a pydantic model class."""
+
+
+class IsolationError(DefinitionError):
+    """``isolation=``, ``memory_limit_bytes=`` or ``cpu_limit_s=`` of ``@worker.task`` is wrong."""
 
 
 class HookNotAsyncError(DefinitionError):

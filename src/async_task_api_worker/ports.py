@@ -280,6 +280,10 @@ class Executor(Protocol):
     process-group kill; a thread cannot be stopped and is reported as stuck).
     """
 
+    async def start(self) -> None:
+        """Get ready before the first task (start a fork server); a failure is logged."""
+        ...
+
     def execute(self, request: ExecutionRequest) -> Awaitable[Any]:
         """Run ``request.handler(request.task_input, request.context)``."""
         ...

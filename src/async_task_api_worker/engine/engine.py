@@ -33,6 +33,7 @@ from async_task_api_worker.errors import (
     ERROR_CODE_PATTERN,
     RESERVED_ERROR_CODES,
     EnvelopeDecodeError,
+    IsolatedTaskError,
     ReportEncodeError,
     RetryableError,
     SettleError,
@@ -326,6 +327,13 @@ class Engine:
         if isinstance(error, TaskError) and _is_well_formed(error):
             if isinstance(error, RetryableError):
                 return await self._retry_or_fail(run, error, stop)
+            return await self._fail(run, error.task_code, error.message)
+        if isinstance(error, IsolatedTaskError):
+            _logger.error(
+                "The task's process ended without a result: %s",
+                error.message,
+                extra={"task_id": run.task_id, "attempt": run.attempt},
+            )
             return await self._fail(run, error.task_code, error.message)
         if isinstance(error, TaskTimeoutError):
             _logger.warning(

@@ -96,5 +96,8 @@ class InlineExecutor:
             extra={"task_id": task_id},
         )
 
+    async def start(self) -> None:
+        """Nothing to prepare."""
+
     async def aclose(self) -> None:
         """Nothing to release (abandoned handlers end with the event loop)."""

@@ -172,6 +172,9 @@ class ThreadExecutor:
                 self._abandoned.discard(future)
                 self._threads.abandoned(-1)
 
+    async def start(self) -> None:
+        """Nothing to prepare."""
+
     async def aclose(self) -> None:
         """Stop taking work; threads still running are left to finish (they cannot be killed)."""
         self._threads.close()

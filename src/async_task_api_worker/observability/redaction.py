@@ -15,7 +15,14 @@ _MAX_FRAMES = 50
 
 
 def exception_type_name(exc: BaseException) -> str:
-    """``module.QualifiedName`` of the exception's class (builtins without the module)."""
+    """``module.QualifiedName`` of the exception's class (builtins without the module).
+
+    For an exception raised in a task's child process (``RemoteHandlerError``), the name of
+    the exception the child raised.
+    """
+    remote = getattr(exc, "remote_type_name", None)
+    if isinstance(remote, str):
+        return remote
     kind = type(exc)
     if kind.__module__ == "builtins":
         return kind.__qualname__
@@ -29,6 +36,9 @@ def safe_traceback(exc: BaseException) -> str:
         Lines like ``File "app.py", line 12, in handle``, ending with the exception's type;
         no exception message, no source line, no local variable.
     """
+    remote = getattr(exc, "remote_traceback", None)
+    if isinstance(remote, str):
+        return remote
     blocks: list[str] = []
     seen: set[int] = set()
     current: BaseException | None = exc

@@ -15,10 +15,10 @@ import logging
 from collections.abc import Iterable
 from enum import StrEnum
 
-from async_task_api_worker.definition import HandlerKind, Worker
+from async_task_api_worker.definition import Worker
 from async_task_api_worker.engine import Engine, StopSignal
 from async_task_api_worker.errors import TransportError
-from async_task_api_worker.executors import InlineExecutor, ThreadExecutor
+from async_task_api_worker.executors import executor_for
 from async_task_api_worker.observability.metrics import WorkerMetrics
 from async_task_api_worker.observability.redaction import exception_type_name
 from async_task_api_worker.ports import Delivery, Executor, Observer, Transport
@@ -76,11 +76,8 @@ class Runner:
         """The worker's Prometheus metrics (served on ``/metrics``)."""
         self._settings = settings
         self._transport = transport
-        task = worker.task_definition
-        self._executor: Executor = executor or (
-            InlineExecutor()
-            if task.kind is HandlerKind.ASYNC
-            else ThreadExecutor(settings.worker_concurrency)
+        self._executor: Executor = executor or executor_for(
+            worker.task_definition, settings.worker_concurrency
         )
         self._engine = Engine(
             worker, settings, transport, self._executor, observers=(self.metrics, *observers)
@@ -214,6 +211,7 @@ class Runner:
     async def _start(self) -> None:
         await run_startup_hooks(self._worker.startup_hooks)
         self._started_hooks = True
+        await self._executor.start()
         await self._transport.connect()
 
     @property

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from async_task_api_worker.definition import HandlerKind, Worker
+from async_task_api_worker.definition import Worker
 from async_task_api_worker.engine import Engine
-from async_task_api_worker.executors import InlineExecutor, ThreadExecutor
+from async_task_api_worker.executors import executor_for
 from async_task_api_worker.ports import Action, EngineEvent, Executor, Settlement
 from async_task_api_worker.protocol.encoding import canonical_dumps
 from async_task_api_worker.protocol.envelope import PROTOCOL_VERSION, InputRef
@@ -164,10 +164,8 @@ class WorkerHarness:
         """The in-memory broker: its ``published``, ``acked`` and ``dead_letters``."""
         self.events: list[EngineEvent] = []
         """Every event the engine emitted (reports published, progress dropped...)."""
-        self._executor: Executor = (
-            InlineExecutor()
-            if task.kind is HandlerKind.ASYNC
-            else ThreadExecutor(self.settings.worker_concurrency)
+        self._executor: Executor = executor_for(
+            worker.task_definition, self.settings.worker_concurrency
         )
         self._engine = Engine(
             worker, self.settings, self.transport, self._executor, observers=[self]

@@ -1,0 +1,420 @@
+"""Process isolation: each task in a fresh child process, killed as a whole process group.
+
+Cooperative cancellation cannot stop blocking code; SIGKILL to a separate process group can
+(seed 000, "Subprocess cancellation is hard kill"). The child is forked by the fork server
+(:mod:`.forkserver`), or spawned as a fresh interpreter when the fork server cannot serve.
+The worker kills the child's whole group (grandchildren included) at the task's deadline, at
+the end of the drain, and on a cancel; after the kill the child is reaped and its pipes closed,
+so no read can hang on a grandchild that still holds one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from typing import Any, Final
+
+from async_task_api_worker.context import (
+    ProgressDropReason,
+    ProgressUpdate,
+    progress_sink_of,
+)
+from async_task_api_worker.definition import TaskDefinition
+from async_task_api_worker.errors import (
+    FatalError,
+    IsolatedTaskError,
+    RemoteHandlerError,
+    RetryableError,
+    TaskTimeoutError,
+)
+from async_task_api_worker.executors.process.channel import (
+    MAX_CHILD_FRAME_BYTES,
+    ChannelError,
+    encode_frame,
+    read_frame,
+)
+from async_task_api_worker.executors.process.forkserver import ForkServer, ForkServerError
+from async_task_api_worker.executors.process.output import OutputTail
+from async_task_api_worker.ports import ExecutionRequest
+from async_task_api_worker.protocol.codes import ErrorCode
+
+__all__ = ["EXIT_GRACE_S", "ProcessExecutor"]
+
+_logger = logging.getLogger("async_task_api_worker.executors.process")
+
+#: Seconds a child gets to exit once it has sent its answer, or once its channel has closed.
+EXIT_GRACE_S: Final = 5.0
+#: Seconds to wait for a killed child to be reaped.
+REAP_TIMEOUT_S: Final = 5.0
+#: Seconds to wait for the killed group's other processes to be reaped.
+GROUP_GONE_TIMEOUT_S: Final = 1.0
+#: Seconds between two attempts to restart a fork server that stopped.
+RESTART_INTERVAL_S: Final = 30.0
+_RESERVED_LOG_KEYS: Final = frozenset({"message", "asctime", "args", "msg", "exc_info"})
+
+
+class _Child:
+    """A started task process: its pid (also its process group id) and its exit code."""
+
+    def __init__(self, pid: int, exited: asyncio.Future[int]) -> None:
+        self.pid = pid
+        self.pgid = pid  # the child is a session leader: recorded here, never looked up again
+        self.exited = exited
+        self.killed = False
+
+    def kill(self) -> None:
+        """SIGKILL the whole group (a no-op once everything in it is gone)."""
+        self.killed = True
+        try:
+            os.killpg(self.pgid, signal.SIGKILL)
+        except ProcessLookupError:
+            if not self.exited.done():
+                # Forked but not yet a session leader: the group does not exist yet.
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(self.pid, signal.SIGKILL)
+
+    async def gone(self, timeout_s: float) -> bool:
+        """Wait until no process of the group is left (reaped), at most ``timeout_s``."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while True:
+            try:
+                os.killpg(self.pgid, 0)
+            except ProcessLookupError:
+                return True
+            except PermissionError:  # the group id was reused by someone else's process
+                return True
+            if loop.time() >= deadline:
+                return False
+            # The kernel offers no event for "a group is empty": poll it, briefly.
+            await asyncio.sleep(0.005)
+
+    async def reap(self, timeout_s: float) -> int | None:
+        """The exit code, waiting at most ``timeout_s``; ``None`` if not known by then."""
+        try:
+            return await asyncio.wait_for(asyncio.shield(self.exited), timeout_s)
+        except (TimeoutError, ForkServerError):
+            return None
+
+
+def _signal_name(code: int) -> str:
+    try:
+        return signal.Signals(-code).name
+    except ValueError:
+        return f"signal {-code}"
+
+
+class ProcessExecutor:
+    """Runs each task of ``task`` in a child process of its own (``isolation="process"``).
+
+    Args:
+        task: the worker's task (its handler must be a module-level function).
+        use_fork_server: fork children from a fork server (default); ``False`` spawns a fresh
+            interpreter per task.
+        output_tail_bytes: bytes of the child's stdout and of its stderr kept for the log.
+    """
+
+    def __init__(
+        self, task: TaskDefinition, *, use_fork_server: bool = True, output_tail_bytes: int = 16384
+    ) -> None:
+        self._task = task
+        self._use_fork_server = use_fork_server
+        self._tail_bytes = output_tail_bytes
+        main = sys.modules.get("__main__")
+        self._main_path: str | None = getattr(main, "__file__", None)
+        self._fork_server: ForkServer | None = None
+        self._starting: asyncio.Lock | None = None
+        self._last_start_at = -RESTART_INTERVAL_S
+        self.spawned_by_fork_server = 0
+        """Children forked by the fork server so far."""
+        self.spawned_fresh = 0
+        """Children spawned as a fresh interpreter so far."""
+
+    @property
+    def stuck_task_ids(self) -> tuple[str, ...]:
+        """Always empty: a process can always be killed."""
+        return ()
+
+    async def start(self) -> None:
+        """Start the fork server now (else at the first task).
+
+        A failure is logged, and tasks are then spawned as fresh interpreters.
+        """
+        await self._ensure_fork_server()
+
+    async def _ensure_fork_server(self) -> ForkServer | None:
+        if not self._use_fork_server:
+            return None
+        if self._fork_server is not None and self._fork_server.alive:
+            return self._fork_server
+        if self._starting is None:
+            self._starting = asyncio.Lock()
+        async with self._starting:
+            if self._fork_server is not None and self._fork_server.alive:
+                return self._fork_server
+            if time.monotonic() - self._last_start_at < RESTART_INTERVAL_S:
+                return None
+            self._last_start_at = time.monotonic()
+            server = ForkServer(self._task.handler_reference, self._main_path)
+            try:
+                await server.start()
+            except ForkServerError as exc:
+                _logger.warning(
+                    "The fork server cannot serve (%s): each task now starts a fresh "
+                    "interpreter, which is slower",
+                    exc,
+                )
+                return None
+            self._fork_server = server
+            _logger.info("Fork server ready for %s", self._task.handler_reference)
+            return server
+
+    async def _launch(self, fds: list[int]) -> _Child:
+        server = await self._ensure_fork_server()
+        if server is not None:
+            try:
+                pid, exited = await server.spawn(fds)
+            except ForkServerError as exc:
+                _logger.warning("The fork server failed (%s); spawning this task instead", exc)
+            else:
+                self.spawned_by_fork_server += 1
+                return _Child(pid, exited)
+        channel_fd, out_fd, err_fd = fds
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "async_task_api_worker.executors.process",
+            "child",
+            "--handler",
+            self._task.handler_reference,
+            "--channel-fd",
+            str(channel_fd),
+            *(["--main-path", self._main_path] if self._main_path else []),
+            "--sys-path",
+            _json_list(sys.path),
+            pass_fds=(channel_fd,),
+            stdin=subprocess.DEVNULL,
+            stdout=out_fd,
+            stderr=err_fd,
+            start_new_session=True,
+        )
+        self.spawned_fresh += 1
+        return _Child(process.pid, asyncio.ensure_future(process.wait()))
+
+    def _request(self, request: ExecutionRequest) -> dict[str, Any]:
+        context = request.context
+        return {
+            "input": dict(request.raw_input),
+            "context": {
+                "task_id": context.task_id,
+                "client_id": context.client_id,
+                "service": context.service,
+                "attempt": context.attempt,
+                "delivery_limit": context.delivery_limit,
+                "input_refs": [ref.model_dump(mode="json") for ref in context.input_refs],
+            },
+            "limits": {
+                "memory_limit_bytes": self._task.memory_limit_bytes,
+                "cpu_limit_s": self._task.cpu_limit_s,
+            },
+            "log_level": logging.getLogger().getEffectiveLevel(),
+        }
+
+    async def execute(self, request: ExecutionRequest) -> Any:
+        """Run the handler in a child process under ``request.timeout_s``.
+
+        Returns:
+            The handler's response, as JSON-compatible data (the engine validates it).
+
+        Raises:
+            TaskTimeoutError: the deadline passed; the child's group was killed.
+            FatalError, RetryableError: the handler raised it (rebuilt from its code,
+                message and retry delay).
+            RemoteHandlerError: the handler raised anything else (``INTERNAL_ERROR``).
+            IsolatedTaskError: the child died from a signal the SDK did not send or hit its
+                memory limit (``WORKER_CRASHED``), or ended without a valid result
+                (``INVALID_RESULT``).
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + request.timeout_s
+        ours, theirs = socket.socketpair()
+        stdout = OutputTail("stdout", self._tail_bytes)
+        stderr = OutputTail("stderr", self._tail_bytes)
+        child: _Child | None = None
+        try:
+            try:
+                child = await self._launch([theirs.fileno(), stdout.write_fd, stderr.write_fd])
+            finally:
+                theirs.close()
+                stdout.close_write_end()
+                stderr.close_write_end()
+            stdout.start()
+            stderr.start()
+            conversation = asyncio.ensure_future(self._converse(ours, request, child))
+            try:
+                done, _ = await asyncio.wait(
+                    {conversation}, timeout=max(0.0, deadline - loop.time())
+                )
+            except asyncio.CancelledError:
+                conversation.cancel()
+                raise
+            if not done:
+                conversation.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await conversation
+                raise TaskTimeoutError(f"handler ran past {request.timeout_s:g} s")
+            return conversation.result()
+        finally:
+            await self._clean_up(child, ours, stdout, stderr, request.task_id)
+
+    async def _clean_up(
+        self,
+        child: _Child | None,
+        ours: socket.socket,
+        stdout: OutputTail,
+        stderr: OutputTail,
+        task_id: str,
+    ) -> None:
+        ours.close()
+        if child is not None:
+            # Leftovers of a finished task (a grandchild in the background) go with it.
+            child.kill()
+            if await child.reap(REAP_TIMEOUT_S) is not None:
+                await child.gone(GROUP_GONE_TIMEOUT_S)
+        # The group is dead; the pipes end unless an escaped process (one that left the
+        # group) still holds them: do not wait for it.
+        await stdout.finish(1.0)
+        await stderr.finish(1.0)
+        for tail in (stdout, stderr):
+            if tail.data:
+                _logger.debug(
+                    "The task's process wrote %d bytes to %s; the last ones: %s",
+                    tail.total,
+                    tail.name,
+                    tail.text(),
+                    extra={"task_id": task_id},
+                )
+
+    async def _converse(self, ours: socket.socket, request: ExecutionRequest, child: _Child) -> Any:
+        reader, writer = await asyncio.open_unix_connection(sock=ours)
+        try:
+            answer = await self._exchange(reader, writer, request)
+        except (ChannelError, KeyError, TypeError, ValueError) as exc:
+            child.kill()
+            raise IsolatedTaskError(
+                ErrorCode.INVALID_RESULT,
+                f"the task's process broke its result channel ({type(exc).__name__})",
+            ) from exc
+        finally:
+            writer.close()
+        if answer is None:
+            return await self._no_answer(child)
+        await child.reap(EXIT_GRACE_S)
+        return _outcome(answer)
+
+    async def _exchange(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, request: ExecutionRequest
+    ) -> dict[str, Any] | None:
+        """Send the request, relay progress and logs; the answer, or ``None`` without one."""
+        sink = progress_sink_of(request.context)
+        try:
+            writer.write(encode_frame(self._request(request)))
+            await writer.drain()
+            while True:
+                message = await read_frame(reader, MAX_CHILD_FRAME_BYTES)
+                if message is None:
+                    return None
+                kind = message.get("t")
+                if kind == "progress":
+                    sink.offer(ProgressUpdate(float(message["fraction"]), message.get("payload")))
+                elif kind == "drop":
+                    with contextlib.suppress(ValueError):
+                        sink.drop(ProgressDropReason(str(message.get("reason"))))
+                elif kind == "log":
+                    _relay_log(message)
+                else:
+                    return message
+        except ConnectionError:
+            return None  # the child died: its exit status tells how
+
+    async def _no_answer(self, child: _Child) -> Any:
+        code = await child.reap(EXIT_GRACE_S)
+        if code is None:
+            child.kill()
+            code = await child.reap(REAP_TIMEOUT_S)
+        if code is not None and code < 0 and not child.killed:
+            name = _signal_name(code)
+            _logger.error("The task's process was killed by %s, not by the SDK", name)
+            raise IsolatedTaskError(
+                ErrorCode.WORKER_CRASHED, f"the task's process was killed by {name}"
+            )
+        raise IsolatedTaskError(
+            ErrorCode.INVALID_RESULT,
+            f"the task's process exited (code {code}) without a result",
+        )
+
+    async def aclose(self) -> None:
+        """Stop the fork server (the groups of its tasks are killed with it)."""
+        server, self._fork_server = self._fork_server, None
+        if server is not None:
+            await server.aclose()
+
+
+def _outcome(answer: dict[str, Any]) -> Any:
+    kind = answer.get("t")
+    if kind == "result":
+        return answer.get("value")
+    if kind == "invalid_result":
+        raise IsolatedTaskError(ErrorCode.INVALID_RESULT, str(answer.get("message")))
+    if kind == "crash":
+        raise IsolatedTaskError(ErrorCode.WORKER_CRASHED, str(answer.get("message")))
+    if kind == "error" and answer.get("kind") in ("fatal", "retryable"):
+        try:
+            if answer["kind"] == "fatal":
+                raise FatalError(answer["code"], answer["message"])
+            raise RetryableError(
+                answer["code"], answer["message"], retry_delay_s=answer.get("retry_delay_s")
+            )
+        except (FatalError, RetryableError):
+            raise
+        except Exception:  # a code or delay the rules refuse: as an in-process handler's would
+            raise RemoteHandlerError("async_task_api_worker.errors.TaskError", "") from None
+    if kind == "error":
+        raise RemoteHandlerError(str(answer.get("type")), str(answer.get("traceback", "")))
+    raise IsolatedTaskError(ErrorCode.INVALID_RESULT, "the task's process sent no valid result")
+
+
+def _relay_log(message: dict[str, Any]) -> None:
+    """Log a record the child sent, as if logged here (the task fields are bound here)."""
+    name = str(message.get("name") or "root")
+    level = int(message.get("level", logging.INFO))
+    logger = logging.getLogger(name)
+    if not logger.isEnabledFor(level):
+        return
+    extra = {
+        key: value
+        for key, value in (message.get("extra") or {}).items()
+        if key not in _RESERVED_LOG_KEYS
+    }
+    record = logger.makeRecord(
+        name, level, "(task process)", 0, str(message.get("msg", "")), (), None
+    )
+    for key, value in extra.items():
+        if key not in record.__dict__:
+            setattr(record, key, value)
+    if message.get("exc"):
+        record.exc_text = str(message["exc"])
+    logger.handle(record)
+
+
+def _json_list(values: list[str]) -> str:
+    import json
+
+    return json.dumps(values)

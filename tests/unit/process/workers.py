@@ -1,0 +1,120 @@
+"""Process-isolated workers for the executor tests (module level: the children find them)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+import warnings
+from typing import Any, Literal
+
+from pydantic import BaseModel
+
+from async_task_api_worker import FatalError, RetryableError, SyncTaskContext, TaskContext, Worker
+
+
+class Job(BaseModel):
+    """What to do; ``data`` is echoed back to check the request arrived intact."""
+
+    mode: Literal[
+        "echo",
+        "digest",
+        "grandchildren",
+        "chatty",
+        "fd1",
+        "warn",
+        "flood",
+        "segv",
+        "exit0",
+        "progress",
+        "fatal",
+        "retry",
+        "crash",
+        "hog",
+        "spin",
+        "sleep",
+        "bad_result",
+    ] = "echo"
+    data: Any = None
+    marker: str = ""
+
+
+class Echo(BaseModel):
+    """The data, as the child saw it, and its process ids."""
+
+    data: Any = None
+    pid: int = 0
+
+
+isolated = Worker("isolated")
+
+
+@isolated.task(timeout=30, isolation="process", memory_limit_bytes=1 << 30, cpu_limit_s=2)
+async def run(job: Job, ctx: TaskContext) -> Echo:  # noqa: PLR0912 - one branch per mode
+    """Do what ``job.mode`` says, in the task's own process."""
+    if job.mode == "digest":
+        text = json.dumps(job.data, ensure_ascii=True, sort_keys=True)
+        return Echo(data=hashlib.sha256(text.encode()).hexdigest(), pid=os.getpid())
+    if job.mode == "grandchildren":
+        with open(job.data, "w") as pid_file:
+            pid_file.write(str(os.getpid()))
+        for _ in range(2):
+            subprocess.Popen(
+                [sys.executable, "-c", "import time; time.sleep(300)", job.marker],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+        time.sleep(600)
+    elif job.mode == "chatty":
+        print("before computing")
+        value = sum(range(1000))
+        print("after computing", value)
+    elif job.mode == "fd1":
+        os.write(1, b'{"t":"result","value":{"data":"forged"}}\n')
+    elif job.mode == "warn":
+        warnings.warn("a library warning", UserWarning, stacklevel=1)
+    elif job.mode == "flood":
+        chunk = b"x" * 65536 + b"\n"
+        for _ in range(160):  # 10 MB
+            os.write(2, chunk)
+    elif job.mode == "segv":
+        os.kill(os.getpid(), signal.SIGSEGV)
+    elif job.mode == "exit0":
+        os._exit(0)
+    elif job.mode == "progress":
+        await ctx.progress(0.25, {"step": 1})
+        await ctx.progress(0.1)  # backwards: dropped in the child, counted in the worker
+        ctx.logger.info("child says hello")
+        logging.getLogger("some.lib").warning("library in the child")
+    elif job.mode == "fatal":
+        raise FatalError("NOT_ALLOWED", "Not allowed.")
+    elif job.mode == "retry":
+        raise RetryableError("BUSY", "Busy.", retry_delay_s=0.0)
+    elif job.mode == "crash":
+        raise ValueError(f"secret {job.data}")
+    elif job.mode == "hog":
+        hog = bytearray(2 << 30)
+        return Echo(data=len(hog))
+    elif job.mode == "spin":
+        while True:
+            pass
+    elif job.mode == "sleep":
+        time.sleep(float(job.data))
+    elif job.mode == "bad_result":
+        return {"data": object()}  # type: ignore[return-value]
+    return Echo(data=job.data, pid=os.getpid())
+
+
+threaded = Worker("isolated-def")
+
+
+@threaded.task(timeout=30, isolation="process")
+def run_sync(job: Job, ctx: SyncTaskContext) -> Echo:
+    """A ``def`` handler, isolated too."""
+    ctx.progress(0.5)
+    return Echo(data=job.data, pid=os.getpid())
