@@ -35,6 +35,7 @@ __all__ = [
     "bind_task_fields",
     "current_task_fields",
     "progress_sink_of",
+    "task_log_extra",
 ]
 
 
@@ -95,13 +96,28 @@ def bind_task_fields(fields: Mapping[str, Any]) -> Iterator[None]:
         _task_fields.reset(token)
 
 
+def task_log_extra(fields: Mapping[str, Any]) -> dict[str, Any]:
+    """``fields`` for a logging call's ``extra``, minus those the record factory already sets.
+
+    ``logging`` refuses (``KeyError``) an ``extra`` key a record already has, and an
+    application that chains ``TaskContextFilter`` into its record factory (the documented
+    recipe) sets the task fields on every record made while a task runs: passing them again
+    would make the logging call raise inside the handler.
+    """
+    factory = logging.getLogRecordFactory()
+    if factory is logging.LogRecord or current_task_fields() is None:
+        return dict(fields)
+    probe = factory("probe", logging.INFO, "", 0, "", (), None)
+    return {name: value for name, value in fields.items() if name not in probe.__dict__}
+
+
 class _TaskLogger(logging.LoggerAdapter):  # type: ignore[type-arg]
     """Adds the task fields to each record, keeping the caller's own ``extra``."""
 
     def process(
         self, msg: Any, kwargs: MutableMapping[str, Any]
     ) -> tuple[Any, MutableMapping[str, Any]]:
-        kwargs["extra"] = {**(self.extra or {}), **(kwargs.get("extra") or {})}
+        kwargs["extra"] = task_log_extra({**(self.extra or {}), **(kwargs.get("extra") or {})})
         return msg, kwargs
 
 

@@ -332,14 +332,14 @@ class Engine:
             _logger.error(
                 "The task's process ended without a result: %s",
                 error.message,
-                extra={"task_id": run.task_id, "attempt": run.attempt},
+                extra=self._fields(run),
             )
             return await self._fail(run, error.task_code, error.message)
         if isinstance(error, TaskTimeoutError):
             _logger.warning(
                 "Task handler ran past its timeout of %g s",
                 self._timeout_s,
-                extra={"task_id": run.task_id, "attempt": run.attempt},
+                extra=self._fields(run),
             )
             return await self._fail(
                 run, ErrorCode.TASK_TIMEOUT, f"the task did not finish within {self._timeout_s:g} s"
@@ -348,7 +348,7 @@ class Engine:
             "Task handler raised %s; reported as INTERNAL_ERROR without its message\n%s",
             exception_type_name(error),
             safe_traceback(error),
-            extra={"task_id": run.task_id, "attempt": run.attempt},
+            extra=self._fields(run),
         )
         return await self._fail(
             run, ErrorCode.INTERNAL_ERROR, "the task failed with an internal error"
@@ -392,7 +392,7 @@ class Engine:
             _logger.warning(
                 "The broker gives no delivery count (a classic queue?): this task gets one retry, "
                 "then concludes; use a quorum queue for retries up to WORKER_DELIVERY_LIMIT",
-                extra={"task_id": run.task_id, "attempt": run.attempt},
+                extra=self._fields(run),
             )
         await self._backoff(run.attempt, error, stop)
         return _Verdict(Outcome.RETRY, Action.NACK_REQUEUE, code=error.task_code, counted=True)
@@ -435,6 +435,9 @@ class Engine:
         if not await run.publish_failure(code, message):
             return replace(_PUBLISH_FAILED, code=code)
         return _Verdict(Outcome.FAILURE, Action.CONCLUDE, code=code)
+
+    def _fields(self, run: DeliveryReporter) -> dict[str, Any]:
+        return {"task_id": run.task_id, "service": self._service, "attempt": run.attempt}
 
     def _progress_dropped(self, reason: ProgressDropReason) -> None:
         self._notify(ProgressDropped(reason.value))
@@ -491,7 +494,7 @@ class Engine:
                 "again, and its task may be reported twice",
                 verdict.action.value,
                 exception_type_name(cause),
-                extra={"task_id": run.task_id, "attempt": run.attempt},
+                extra=self._fields(run),
             )
             self._notify(AckFailed())
         log_decision(settlement, service=self._service)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final
 
-from async_task_api_worker.context import ProgressDropReason, ProgressUpdate
+from async_task_api_worker.context import ProgressDropReason, ProgressUpdate, task_log_extra
 from async_task_api_worker.errors import PublishError, ReportEncodeError
 from async_task_api_worker.observability.redaction import exception_type_name
 from async_task_api_worker.ports import (
@@ -133,7 +133,7 @@ class DeliveryReporter:
                     report.type,
                     exception_type_name(exc.__cause__ or exc),
                     f"; retrying in {delay_s:g} s" if retry else "",
-                    extra={"task_id": self.task_id, "attempt": self.attempt},
+                    extra=task_log_extra({"task_id": self.task_id, "attempt": self.attempt}),
                 )
                 if not retry or not await _sleep_unless(self.delivery.cancel_token, delay_s):
                     return False

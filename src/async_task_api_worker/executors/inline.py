@@ -6,6 +6,7 @@ import asyncio
 import logging
 from typing import Any, Final
 
+from async_task_api_worker.context import task_log_extra
 from async_task_api_worker.errors import TaskTimeoutError
 from async_task_api_worker.ports import ExecutionRequest
 
@@ -93,7 +94,7 @@ class InlineExecutor:
         _logger.warning(
             "A cancelled handler has not stopped after %g s; it is abandoned",
             self._cancel_grace_s,
-            extra={"task_id": task_id},
+            extra=task_log_extra({"task_id": task_id}),
         )
 
     async def start(self) -> None:

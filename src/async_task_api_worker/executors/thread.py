@@ -19,6 +19,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
+from async_task_api_worker.context import task_log_extra
 from async_task_api_worker.errors import TaskTimeoutError
 from async_task_api_worker.executors.inline import HandlerExitError
 from async_task_api_worker.ports import ExecutionRequest
@@ -162,7 +163,8 @@ class ThreadExecutor:
             self._threads.abandoned(1)
             task_id = self._running.get(future)
         _logger.warning(
-            "A handler thread is still running and cannot be stopped", extra={"task_id": task_id}
+            "A handler thread is still running and cannot be stopped",
+            extra=task_log_extra({"task_id": task_id}),
         )
 
     def _finished(self, future: Future[Any]) -> None:

@@ -135,7 +135,7 @@ class Runner:
         if self._state in (RunnerState.DRAINING, RunnerState.STOPPED):
             failing["draining"] = "the worker is shutting down"
         elif self._quota_reached:
-            failing["draining"] = f"the job's quota of {self._quota} deliveries is in hand"
+            failing["draining"] = f"the job's quota is in hand ({self._quota} of {self._quota})"
         elif self._state is not RunnerState.RUNNING:
             failing["broker"] = "not connected yet"
         elif not self._transport.consuming:
@@ -238,7 +238,7 @@ class Runner:
         idle_since = loop.time()
         while True:
             if self._quota_reached and not self._in_flight:
-                _logger.info("Job quota of %d deliveries done", self._quota)
+                _logger.info("Job quota done (%d of %d deliveries)", self._quota, self._quota)
                 return
             self._activity.clear()
             if self._in_flight or self._quota_reached:
@@ -309,7 +309,7 @@ class Runner:
         grace_ends = (self._requested_at or loop.time()) + self._settings.worker_shutdown_grace_s
         if self._in_flight and not self._grace_over.is_set():
             _logger.info(
-                "Waiting up to %g s for %d in-flight tasks",
+                "Waiting up to %g s for the in-flight tasks (%d)",
                 max(0.0, grace_ends - loop.time()),
                 len(self._in_flight),
             )
@@ -324,7 +324,8 @@ class Runner:
             everything.cancel()
         if self._in_flight:
             _logger.warning(
-                "Grace period over: giving back %d unfinished deliveries", len(self._in_flight)
+                "Grace period over: giving back the unfinished deliveries (%d)",
+                len(self._in_flight),
             )
             self._stop.aborted.cancel("grace period over")
             await asyncio.wait(set(self._in_flight), timeout=GIVE_BACK_TIMEOUT_S)

@@ -253,3 +253,49 @@ def test_library_records_in_async_def_and_thread_handlers_carry_the_task_fields(
     decision = [line for line in lines if line["msg"].startswith("Delivery settled")]
     assert {line["task_id"] for line in decision} == {"t-async", "t-sync"}
     assert all(line["outcome"] == "success" for line in decision)
+
+
+def test_the_record_factory_recipe_and_ctx_logger_work_together() -> None:
+    task_fields = TaskContextFilter()
+    previous_factory = logging.getLogRecordFactory()
+
+    def factory(*args: Any, **kwargs: Any) -> logging.LogRecord:
+        made = previous_factory(*args, **kwargs)
+        task_fields.filter(made)
+        return made
+
+    seen: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            seen.append(record)
+
+    worker = Worker("svc")
+
+    @worker.task(timeout=5)
+    async def handle(task_input: Text, ctx: TaskContext) -> Out:
+        ctx.logger.info("through ctx.logger", extra={"attempt": 7, "step": "one"})
+        logging.getLogger("some.lib").info("through a library")
+        return Out()
+
+    async def scenario() -> None:
+        async with WorkerHarness(worker) as harness:
+            run = await harness.submit({"text": "x"}, task_id="t-factory")
+            run.assert_succeeded()
+
+    keep = Keep()
+    root = logging.getLogger()
+    level = root.level
+    root.addHandler(keep)
+    root.setLevel(logging.INFO)
+    logging.setLogRecordFactory(factory)
+    try:
+        asyncio.run(scenario())
+    finally:
+        logging.setLogRecordFactory(previous_factory)
+        root.removeHandler(keep)
+        root.setLevel(level)
+    by_msg = {record.getMessage(): record for record in seen}
+    for msg in ("through ctx.logger", "through a library"):
+        assert by_msg[msg].task_id == "t-factory"  # type: ignore[attr-defined]
+    assert by_msg["through ctx.logger"].step == "one"  # type: ignore[attr-defined]

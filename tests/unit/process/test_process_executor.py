@@ -8,6 +8,8 @@ import io
 import json
 import logging
 import os
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -236,3 +238,38 @@ async def test_a_cancelled_execution_kills_the_group(tmp_path: Path) -> None:
         os.killpg(int(pid_file.read_text()), 0)
     assert processes_with(marker) == []
     assert EXIT_GRACE_S > 0
+
+
+HANG_SCRIPT = """
+import asyncio, sys
+from async_task_api_worker.testing import WorkerHarness
+from tests.unit.process.workers import isolated
+
+async def main():
+    async with WorkerHarness(isolated) as harness:
+        await harness.submit({"mode": "grandchildren", "marker": sys.argv[1], "data": sys.argv[2]})
+
+asyncio.run(main())
+"""
+
+
+def test_a_worker_killed_with_sigkill_leaves_no_task_process(tmp_path: Path) -> None:
+    marker = f"atw-orphan-{uuid.uuid4().hex}"
+    worker = subprocess.Popen(
+        [sys.executable, "-c", HANG_SCRIPT, marker, str(tmp_path / "child.pid")],
+        cwd=Path(__file__).resolve().parents[3],
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while len(processes_with(marker)) < 2:
+            assert time.monotonic() < deadline, "the task never started its grandchildren"
+            assert worker.poll() is None
+            time.sleep(0.05)
+    finally:
+        worker.kill()
+        worker.wait()
+    # The fork server sees its control socket end and kills every task's group.
+    deadline = time.monotonic() + 10
+    while processes_with(marker):
+        assert time.monotonic() < deadline, f"left running: {processes_with(marker)}"
+        time.sleep(0.05)

@@ -25,6 +25,7 @@ from async_task_api_worker.context import (
     ProgressDropReason,
     ProgressUpdate,
     progress_sink_of,
+    task_log_extra,
 )
 from async_task_api_worker.definition import TaskDefinition
 from async_task_api_worker.errors import (
@@ -299,7 +300,7 @@ class ProcessExecutor:
                     tail.total,
                     tail.name,
                     tail.text(),
-                    extra={"task_id": task_id},
+                    extra=task_log_extra({"task_id": task_id}),
                 )
 
     async def _converse(self, ours: socket.socket, request: ExecutionRequest, child: _Child) -> Any:

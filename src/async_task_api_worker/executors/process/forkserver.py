@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import json
 import logging
 import os
@@ -153,6 +154,9 @@ def main(arguments: list[str]) -> None:
         control.send(json.dumps({"ready": False, "error": exception_type_name(exc)}).encode())
         sys.exit(1)
     control.send(json.dumps({"ready": True}).encode())
+    # What is loaded now is shared with every child: keep the collector from touching (and so
+    # copying) those pages in each of them.
+    gc.freeze()
     _serve(control, task)
 
 
