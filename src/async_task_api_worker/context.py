@@ -88,7 +88,12 @@ def current_task_fields() -> Mapping[str, Any] | None:
 
 @contextmanager
 def bind_task_fields(fields: Mapping[str, Any]) -> Iterator[None]:
-    """Bind task fields for the code run in this context, threads started from it included."""
+    """Bind task fields for the code run in this context.
+
+    asyncio tasks and ``asyncio.to_thread`` copy the context, and so do the SDK's ``def``
+    handler threads; a plain ``threading.Thread`` does not (start it with
+    ``contextvars.copy_context().run``).
+    """
     token = _task_fields.set(fields)
     try:
         yield

@@ -2,7 +2,8 @@
 
 Source: seed "Probes, metrics and logs". Every record becomes one line with ``ts`` (UTC, RFC
 3339), ``level``, ``logger`` and ``msg``, plus ``task_id``, ``service`` and ``attempt`` when a task
-is bound (the engine binds them around each handler call, threads included), plus the record's
+is bound (the engine binds them around each handler call; asyncio tasks, `asyncio.to_thread` and the
+`def` handler threads copy them), plus the record's
 own structured fields (the decision line's ``outcome``, ``action``, ``code``...).
 
 The SDK adds its handler only if the application configured none on the root logger: an
@@ -16,8 +17,10 @@ logged by type and frames only (:mod:`.redaction`).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import math
 import re
 import sys
 from datetime import UTC, datetime
@@ -35,17 +38,38 @@ _RECORD_ATTRIBUTES: Final = frozenset(
     logging.LogRecord("", logging.INFO, "", 0, "", None, None).__dict__
 ) | {"message", "asctime", "taskName"}
 
-# ``scheme://user:password@``: the password, up to the last ``@`` before the host.
-_URL_CREDENTIALS: Final = re.compile(
-    r"(?P<head>\b[A-Za-z][A-Za-z0-9+.\-]*://[^\s:/@]*:)(?P<password>[^\s@/]*)@"
-)
+# Where a URL surely ends. Not a quote: a password may hold one, and hiding too much is the
+# safe side.
+_URL_END: Final = re.compile(r"\s")
 
 
 def redact_secrets(text: str) -> str:
-    """``text`` with the password of each ``scheme://user:password@host`` URL made ``***``."""
-    if "://" not in text:
+    """``text`` with the password of each ``scheme://user:password@host`` URL made ``***``.
+
+    After each ``://``, everything from the first ``:`` to the last ``@`` before the next
+    whitespace is replaced: a password holding ``@``, ``/``, ``:`` or a quote is covered, at
+    the price of hiding a little more when a path, a query or what follows holds an ``@``.
+    Linear in the length of ``text`` (a log line may hold a whole task input).
+    """
+    start = text.find("://")
+    if start == -1:
         return text
-    return _URL_CREDENTIALS.sub(r"\g<head>***@", text)
+    parts: list[str] = []
+    kept_from = 0
+    while start != -1:
+        authority = start + 3
+        found = _URL_END.search(text, authority)
+        end = found.start() if found else len(text)
+        at = text.rfind("@", authority, end)
+        if at != -1:
+            colon = text.find(":", authority, at)
+            if colon != -1:
+                parts.append(text[kept_from : colon + 1])
+                parts.append("***")
+                kept_from = at
+        start = text.find("://", end)
+    parts.append(text[kept_from:])
+    return "".join(parts)
 
 
 class TaskContextFilter(logging.Filter):
@@ -79,10 +103,47 @@ class TaskContextFilter(logging.Filter):
         return True
 
 
+#: Characters of a message (and of a traceback) kept in a line; the rest is cut and counted.
+MAX_MESSAGE_CHARS: Final = 64 * 1024
+#: Characters of one ``extra`` value kept in a line.
+MAX_FIELD_CHARS: Final = 4096
+_SAFE_INT: Final = 2**63
+
+
+def _cut(text: str, limit: int) -> str:
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text) - limit} more characters)"
+
+
 def _scalar(value: Any) -> Any:
-    if value is None or isinstance(value, bool | int | float | str):
+    """A JSON-safe value for a field: never raises, never ``NaN``, never huge."""
+    if value is None or isinstance(value, bool):
         return value
-    return str(value)
+    if isinstance(value, int):
+        # str() of an int over 4,300 digits raises; a JSON reader may round one over 2**63.
+        return (
+            value
+            if -_SAFE_INT < value < _SAFE_INT
+            else f"(an integer of {value.bit_length()} bits)"
+        )
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)
+    try:
+        text = value if isinstance(value, str) else str(value)
+    except Exception as exc:
+        return f"(unprintable {type(value).__name__}: its str() raised {type(exc).__name__})"
+    return redact_secrets(_cut(text, MAX_FIELD_CHARS))
+
+
+def _message(record: logging.LogRecord) -> str:
+    try:
+        message = record.getMessage()
+    except Exception as exc:
+        # Never the arguments (the very thing that may hold a secret), only the template.
+        template = record.msg if isinstance(record.msg, str) else type(record.msg).__name__
+        message = f"{template} (the arguments could not be formatted: {type(exc).__name__})"
+    return redact_secrets(_cut(message, MAX_MESSAGE_CHARS))
 
 
 class JsonFormatter(logging.Formatter):
@@ -90,8 +151,10 @@ class JsonFormatter(logging.Formatter):
 
     Keys: ``ts`` (``2026-11-30T01:25:12.123456Z``), ``level``, ``logger``, ``msg``; then the
     task fields when bound; then the record's other ``extra`` fields that are not ``None``
-    (values that are not JSON scalars become strings); ``exc`` holds a traceback when the
-    record carries one. URL passwords are replaced by ``***`` in ``msg`` and ``exc``.
+    (values that are not JSON scalars become strings, cut at 4,096 characters); ``exc`` holds
+    a traceback when the record carries one. URL passwords are replaced by ``***`` in every
+    string. A message is cut at 64 KiB. Never raises: a message whose arguments cannot be
+    formatted is logged as its template, without them.
     """
 
     def format(self, record: logging.LogRecord) -> str:
@@ -102,7 +165,7 @@ class JsonFormatter(logging.Formatter):
             .replace("+00:00", "Z"),
             "level": record.levelname,
             "logger": record.name,
-            "msg": redact_secrets(record.getMessage()),
+            "msg": _message(record),
         }
         for name in TASK_FIELDS:
             value = getattr(record, name, None)
@@ -112,13 +175,42 @@ class JsonFormatter(logging.Formatter):
             if value is None or name in _RECORD_ATTRIBUTES or name in line or name.startswith("_"):
                 continue
             line[name] = _scalar(value)
+        exc = record.exc_text
         if record.exc_info and record.exc_info[1] is not None:
-            line["exc"] = redact_secrets(self.formatException(record.exc_info))
-        elif record.exc_text:
-            line["exc"] = redact_secrets(record.exc_text)
+            try:
+                exc = self.formatException(record.exc_info)
+            except Exception as error:
+                exc = f"(the traceback could not be formatted: {type(error).__name__})"
+        if exc:
+            line["exc"] = redact_secrets(_cut(exc, MAX_MESSAGE_CHARS))
         if record.stack_info:
-            line["stack"] = self.formatStack(record.stack_info)
-        return json.dumps(line, ensure_ascii=False, default=str)
+            line["stack"] = _cut(self.formatStack(record.stack_info), MAX_MESSAGE_CHARS)
+        # ASCII only: a lone surrogate (from a task input) travels escaped, and never makes
+        # the write to the stream fail.
+        return json.dumps(line, ensure_ascii=True)
+
+
+class _JsonLinesHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """A stream handler that, if a line cannot be written, says so in one line of its own.
+
+    The standard ``handleError`` prints the record's message and arguments, unredacted, to
+    stderr; this one prints neither.
+    """
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        error = sys.exc_info()[1]
+        with contextlib.suppress(Exception):
+            sys.stderr.write(
+                json.dumps(
+                    {
+                        "level": "ERROR",
+                        "logger": "async_task_api_worker.observability.logging",
+                        "msg": f"A log record of {record.name} could not be written "
+                        f"({type(error).__name__})",
+                    }
+                )
+                + "\n"
+            )
 
 
 class _DowngradeToWarning(logging.Filter):
@@ -155,7 +247,7 @@ def configure_logging(level: str, *, stream: IO[str] | None = None) -> bool:
     tools = logging.getLogger("aio_pika.tools")
     if not any(isinstance(known, _DowngradeToWarning) for known in tools.filters):
         tools.addFilter(_DowngradeToWarning())
-    handler = logging.StreamHandler(stream or sys.stdout)
+    handler = _JsonLinesHandler(stream or sys.stdout)
     handler.setFormatter(JsonFormatter())
     handler.addFilter(TaskContextFilter())
     root.addHandler(handler)

@@ -42,9 +42,10 @@ from prometheus_client import (
     Histogram,
     Info,
 )
-from prometheus_client.exposition import choose_encoder
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, generate_latest
 from prometheus_client.gc_collector import GCCollector
 from prometheus_client.metrics_core import Metric
+from prometheus_client.openmetrics import exposition as openmetrics
 from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 
@@ -138,7 +139,7 @@ class WorkerMetrics:
         )
         self.loop_lag = Gauge(
             "event_loop_lag_seconds",
-            "How late the event loop ran a timer at the last check, in seconds.",
+            "The largest delay of the event loop's 0.5 s timer in the last 60 s, in seconds.",
             ["component"],
             registry=registry,
         )
@@ -253,8 +254,12 @@ class WorkerMetrics:
         Returns:
             The body and its ``Content-Type``.
         """
-        encoder, content_type = choose_encoder(accept or "")
-        return encoder(_WithoutCreated(self.registry)), content_type
+        # Only the media type is read from the client: the content type answered is a constant,
+        # never a value copied from the request (prometheus-client would echo its version).
+        registry = _WithoutCreated(self.registry)
+        if accept and "application/openmetrics-text" in accept:
+            return openmetrics.generate_latest(registry), openmetrics.CONTENT_TYPE_LATEST  # type: ignore[no-untyped-call]
+        return generate_latest(registry), CONTENT_TYPE_PLAIN_0_0_4
 
 
 class _WithoutCreated:

@@ -87,6 +87,7 @@ class ReadinessCheck:
         self._probe_timeout_s = probe_timeout_s
         self._pending: asyncio.Future[dict[str, str]] | None = None
         self._last: dict[str, str] | None = None
+        self._abandoned: set[asyncio.Future[str | None]] = set()
         self.waiting = 0
         """Callers waiting for the evaluation in progress."""
 
@@ -126,15 +127,41 @@ class ReadinessCheck:
             self._last = failing
         return failing
 
+    @property
+    def stuck_probes(self) -> int:
+        """Probe hooks that ran out of time and have not stopped since (they ignore cancels)."""
+        return len(self._abandoned)
+
     async def _run(self, name: str) -> str | None:
-        try:
-            ok = await asyncio.wait_for(self._probes[name](), timeout=self._probe_timeout_s)
-        except TimeoutError:
+        # A task of its own, waited for with a timeout but never awaited after its cancel: a
+        # hook that ignores the cancel cannot hold the answer (nor the other hooks) past it.
+        call = asyncio.ensure_future(self._call(name))
+        done, _ = await asyncio.wait({call}, timeout=self._probe_timeout_s)
+        if not done:
+            call.cancel()
+            self._abandoned.add(call)
+            call.add_done_callback(self._forget)
             return f"no answer within {self._probe_timeout_s:g} s"
-        except Exception as exc:
+        return call.result()
+
+    def _forget(self, call: asyncio.Future[str | None]) -> None:
+        self._abandoned.discard(call)
+        if not call.cancelled():
+            call.exception()
+
+    async def _call(self, name: str) -> str | None:
+        try:
+            ok = await self._probes[name]()
+            ready = bool(ok)
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():
+                raise
+            return "raised CancelledError"
+        except BaseException as exc:  # SystemExit too: a probe must never end the worker
             # The type only: a probe's message may hold a connection string.
             return f"raised {exception_type_name(exc)}"
-        return None if ok else "returned false"
+        return None if ready else "returned false"
 
 
 def _error(status: int, code: str, message: str, **more: Any) -> tuple[int, bytes, str]:
@@ -174,7 +201,7 @@ class ProbesServer:
         self._io_timeout_s = io_timeout_s
         self._max_request_bytes = max_request_bytes
         self._server: asyncio.Server | None = None
-        self._active: set[asyncio.Task[Any]] = set()
+        self._active: dict[asyncio.Task[Any], asyncio.StreamWriter] = {}
 
     @property
     def port(self) -> int:
@@ -182,6 +209,11 @@ class ProbesServer:
         if self._server is None or not self._server.sockets:
             return self._port
         return int(self._server.sockets[0].getsockname()[1])
+
+    @property
+    def readiness(self) -> ReadinessCheck:
+        """What ``/ready`` evaluates."""
+        return self._readiness
 
     @property
     def connections(self) -> int:
@@ -197,7 +229,8 @@ class ProbesServer:
         self._server = await asyncio.start_server(
             self._connected, self._host, self._port, limit=self._max_request_bytes
         )
-        _logger.info("Probes server listening on http://%s:%d", self._host, self.port)
+        host = f"[{self._host}]" if ":" in self._host else self._host
+        _logger.info("Probes server listening on http://%s:%d", host, self.port)
 
     async def close(self) -> None:
         """Stop listening and cut the connections being served; idempotent."""
@@ -205,10 +238,12 @@ class ProbesServer:
         if server is None:
             return
         server.close()
-        for task in list(self._active):
-            task.cancel()
+        # Aborting the connections ends their tasks (a read or write fails); cancelling them
+        # instead makes Python 3.11's streams log a traceback for each.
+        for writer in list(self._active.values()):
+            writer.transport.abort()
         if self._active:
-            await asyncio.wait(set(self._active))
+            await asyncio.wait(set(self._active), timeout=self._io_timeout_s)
         await server.wait_closed()
 
     async def _connected(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -217,7 +252,7 @@ class ProbesServer:
             return
         task = asyncio.current_task()
         assert task is not None  # noqa: S101 - start_server runs each connection as a task
-        self._active.add(task)
+        self._active[task] = writer
         try:
             answer = await self._read_and_answer(reader)
             if answer is not None:
@@ -229,7 +264,7 @@ class ProbesServer:
             _logger.exception("The probes server failed on a request")
         finally:
             await self._close(writer)
-            self._active.discard(task)
+            self._active.pop(task, None)
 
     async def _close(self, writer: asyncio.StreamWriter) -> None:
         writer.close()
@@ -249,13 +284,17 @@ class ProbesServer:
         except asyncio.IncompleteReadError:
             return None  # the client went away
         try:
-            request_line, *header_lines = head.decode("latin-1").split("\r\n")
+            # Lines end with CRLF; a bare LF inside a header is a line end too, never part of a
+            # value that could reach an answer.
+            request_line, *header_lines = [
+                line.rstrip("\r") for line in head.decode("latin-1").split("\n")
+            ]
             method, target, version = request_line.split(" ")
         except ValueError:
             return _encode(*_error(400, "BAD_REQUEST", "malformed request line"), head_only=False)
-        if not version.startswith("HTTP/1."):
-            return _encode(*_error(400, "BAD_REQUEST", "HTTP/1.x only"), head_only=False)
-        path = target.split("?", 1)[0]
+        if version not in ("HTTP/1.0", "HTTP/1.1"):
+            return _encode(*_error(400, "BAD_REQUEST", "HTTP/1.0 or 1.1 only"), head_only=False)
+        path = _path_of(target)
         if path not in _PATHS:
             status, body, content_type = _error(
                 404, "NOT_FOUND", "no such path; the paths are /health, /ready and /metrics"
@@ -291,6 +330,13 @@ class ProbesServer:
             f"not ready: {', '.join(sorted(failing))}",
             components=dict(sorted(failing.items())),
         )
+
+
+def _path_of(target: str) -> str:
+    """The path of a request target, origin form (``/ready?x``) or absolute form."""
+    if "://" in target:
+        target = "/" + target.split("://", 1)[1].partition("/")[2]
+    return target.split("?", 1)[0]
 
 
 def _header(lines: list[str], wanted: str) -> str | None:

@@ -94,8 +94,17 @@ async def serve_worker(worker: Worker, settings: WorkerSettings | None = None) -
 
 
 async def _run(runner: Runner) -> ExitCode:
-    async with serving_probes(runner):
-        return await _run_observed(runner)
+    async with serving_probes(runner) as probes:
+        code = await _run_observed(runner)
+    if probes.readiness.stuck_probes:
+        # asyncio would wait for them forever on the way out, past the shutdown bound.
+        _logger.error(
+            "%d readiness probe hook(s) ignored their cancel and still run; exiting now",
+            probes.readiness.stuck_probes,
+        )
+        logging.shutdown()
+        os._exit(code)
+    return code
 
 
 async def _run_observed(runner: Runner) -> ExitCode:

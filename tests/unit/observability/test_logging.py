@@ -299,3 +299,68 @@ def test_the_record_factory_recipe_and_ctx_logger_work_together() -> None:
     for msg in ("through ctx.logger", "through a library"):
         assert by_msg[msg].task_id == "t-factory"  # type: ignore[attr-defined]
     assert by_msg["through ctx.logger"].step == "one"  # type: ignore[attr-defined]
+
+
+class Unprintable:
+    def __str__(self) -> str:
+        raise RuntimeError("str boom SECRET")
+
+
+def test_the_formatter_never_raises_and_never_leaks_arguments() -> None:
+    formatter = JsonFormatter()
+    mismatched = record("%s %s", "amqp://u:MISMATCH@h/")
+    mismatched.args = ("amqp://u:MISMATCH@h/",)
+    line = json.loads(formatter.format(mismatched))
+    assert "MISMATCH" not in json.dumps(line)
+    assert "could not be formatted" in line["msg"]
+    odd = json.loads(
+        formatter.format(
+            record(
+                "%s",
+                "\ud800 lone",
+                obj=Unprintable(),
+                big=10**5000,
+                nan=float("nan"),
+                url="amqp://u:EXTRASECRET@h/",
+            )
+        )
+    )
+    assert odd["msg"] == "\ud800 lone"
+    assert "SECRET" not in json.dumps(odd)
+    assert odd["obj"].startswith("(unprintable Unprintable")
+    assert odd["big"].startswith("(an integer of")
+    assert odd["nan"] == "nan"
+    assert odd["url"] == "amqp://u:***@h/"
+    long = json.loads(formatter.format(record("%s", "x" * 200_000)))
+    assert len(long["msg"]) < 70_000 and long["msg"].endswith("more characters)")
+
+
+def test_a_line_that_cannot_be_written_is_reported_without_its_content(
+    bare_root: logging.Logger, capsys: pytest.CaptureFixture[str]
+) -> None:
+    clear(bare_root)
+
+    class Broken(io.StringIO):
+        def write(self, text: str) -> int:
+            raise OSError("disk full")
+
+    configure_logging("INFO", stream=Broken())
+    logging.getLogger("some.lib").info("amqp://u:LEAK@h/ payload")
+    err = capsys.readouterr().err
+    assert "LEAK" not in err and "payload" not in err
+    assert "could not be written (OSError)" in err
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("amqp://user:p@ss@host/v", "amqp://user:***@host/v"),
+        ("amqp://user:pa/ss@host", "amqp://user:***@host"),
+        ("url_amqp://u:p@h x", "url_amqp://u:***@h x"),
+        ('{"a":"amqp://u:s\\"c@h"}', '{"a":"amqp://u:***@h"}'),
+        ("a amqp://u:p@h/v b redis://:pw@r:6379", "a amqp://u:***@h/v b redis://:***@r:6379"),
+        ("amqps://[::1]:5672/ http://host:80/p", "amqps://[::1]:5672/ http://host:80/p"),
+    ],
+)
+def test_redaction_covers_odd_passwords(text: str, expected: str) -> None:
+    assert redact_secrets(text) == expected

@@ -242,3 +242,18 @@ def test_the_worst_case_stays_within_the_documented_136_series() -> None:
         if key[0].startswith(("worker_", "event_loop_"))
     ]
     assert len(ours) == 136
+
+
+def test_the_content_type_never_echoes_the_client() -> None:
+    metrics = WorkerMetrics()
+    for accept in (
+        "application/openmetrics-text; version=9.9\r\nX: y",
+        "text/plain; version=1.x",
+        "application/openmetrics-text; version=1.0.x",
+    ):
+        body, content_type = metrics.exposition(accept)
+        assert content_type in {
+            "text/plain; version=0.0.4; charset=utf-8",
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        }
+        assert body

@@ -246,3 +246,69 @@ async def test_a_busy_port_raises_oserror(serve: ServerFactory) -> None:
     )
     with pytest.raises(OSError):
         await second.start()
+
+
+@pytest.mark.parametrize(
+    "raised", [SystemExit(0), KeyboardInterrupt(), asyncio.CancelledError(), GeneratorExit()]
+)
+async def test_a_probe_raising_a_base_exception_is_named_not_fatal(
+    serve: ServerFactory, raised: BaseException
+) -> None:
+    async def database() -> bool:
+        raise raised
+
+    server = await serve(probes={"database": database})
+    answer = await request(server.port, "/ready")
+    assert answer.json()["components"] == {"database": f"raised {type(raised).__name__}"}
+    assert (await request(server.port, "/health")).status == 200
+
+
+async def test_a_probe_ignoring_its_cancel_does_not_hold_the_answer(serve: ServerFactory) -> None:
+    release = asyncio.Event()
+
+    async def stubborn() -> bool:
+        while not release.is_set():
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.sleep(0.05)
+        return True
+
+    server = await serve(probes={"stubborn": stubborn}, probe_timeout_s=0.1)
+    answer = await request(server.port, "/ready")
+    assert answer.json()["components"] == {"stubborn": "no answer within 0.1 s"}
+    assert server.readiness.stuck_probes == 1
+    release.set()
+    while server.readiness.stuck_probes:
+        await asyncio.sleep(0.01)
+
+
+async def test_a_probe_whose_truth_value_raises_is_named(serve: ServerFactory) -> None:
+    class Weird:
+        def __bool__(self) -> bool:
+            raise ValueError("no truth")
+
+    async def odd() -> object:
+        return Weird()
+
+    server = await serve(probes={"odd": odd})
+    assert (await request(server.port, "/ready")).json()["components"] == {
+        "odd": "raised ValueError"
+    }
+
+
+async def test_nothing_from_the_request_reaches_the_answer_headers(serve: ServerFactory) -> None:
+    server = await serve()
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    writer.write(
+        b"GET /metrics HTTP/1.1\r\n"
+        b"Accept: application/openmetrics-text; version=2.0\nSet-Cookie: pwned=1\r\n\r\n"
+    )
+    raw = await reader.read()
+    writer.close()
+    head = raw.partition(b"\r\n\r\n")[0]
+    assert b"pwned" not in head
+    assert parse(raw).status == 200
+
+
+async def test_an_absolute_form_target_is_served(serve: ServerFactory) -> None:
+    server = await serve()
+    assert (await request(server.port, "http://probes:8083/health")).status == 200

@@ -31,7 +31,11 @@ def check_command(target: str) -> int:
     bound_s = shutdown_bound_s(settings)
     grace = settings.worker_shutdown_grace_s
     hooks = settings.worker_shutdown_hooks_timeout_s
-    print(f"worker {worker.name}: {task.kind.value} handler, {settings.worker_mode.value} mode")
+    isolation = ", a process per task" if task.isolation == "process" else ""
+    print(
+        f"worker {worker.name}: {task.kind.value} handler{isolation}, "
+        f"{settings.worker_mode.value} mode"
+    )
     print(
         f"time budget: task timeout {timeout_s:g} s + retry backoff cap {backoff_s:g} s + "
         f"{CONSUMER_TIMEOUT_MARGIN_S:g} s = {timeout_s + backoff_s + CONSUMER_TIMEOUT_MARGIN_S:g} s"

@@ -249,6 +249,7 @@ class ProcessExecutor:
         stdout = OutputTail("stdout", self._tail_bytes)
         stderr = OutputTail("stderr", self._tail_bytes)
         child: _Child | None = None
+        output_level = logging.DEBUG
         try:
             try:
                 child = await self._launch([theirs.fileno(), stdout.write_fd, stderr.write_fd])
@@ -271,17 +272,23 @@ class ProcessExecutor:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await conversation
                 raise TaskTimeoutError(f"handler ran past {request.timeout_s:g} s")
-            return conversation.result()
+            try:
+                return conversation.result()
+            except IsolatedTaskError:
+                # Its output is the best clue to why it died (a fatal error, a C library).
+                output_level = logging.WARNING
+                raise
         finally:
-            await self._clean_up(child, ours, stdout, stderr, request.task_id)
+            await self._clean_up(child, ours, stdout, stderr, request.task_id, output_level)
 
-    async def _clean_up(
+    async def _clean_up(  # noqa: PLR0917 - private, called once
         self,
         child: _Child | None,
         ours: socket.socket,
         stdout: OutputTail,
         stderr: OutputTail,
         task_id: str,
+        output_level: int,
     ) -> None:
         ours.close()
         if child is not None:
@@ -295,7 +302,8 @@ class ProcessExecutor:
         await stderr.finish(1.0)
         for tail in (stdout, stderr):
             if tail.data:
-                _logger.debug(
+                _logger.log(
+                    output_level,
                     "The task's process wrote %d bytes to %s; the last ones: %s",
                     tail.total,
                     tail.name,
