@@ -1,10 +1,10 @@
 """The SDK's logs: one JSON object per line, with the fields of the task being run.
 
 Source: seed "Probes, metrics and logs". Every record becomes one line with ``ts`` (UTC, RFC
-3339), ``level``, ``logger`` and ``msg``, plus ``task_id``, ``service`` and ``attempt`` when a task
-is bound (the engine binds them around each handler call; asyncio tasks, `asyncio.to_thread` and the
-`def` handler threads copy them), plus the record's
-own structured fields (the decision line's ``outcome``, ``action``, ``code``...).
+3339), ``level``, ``logger`` and ``msg``, plus ``task_id``, ``service`` and ``attempt`` while a
+task runs (the engine binds them around each handler call; asyncio tasks, ``asyncio.to_thread``
+and the ``def`` handler threads copy them), plus the record's own structured fields (the
+decision line's ``outcome``, ``action``, ``code``...).
 
 The SDK adds its handler only if the application configured none on the root logger: an
 application's own handlers and format are kept, and nothing is printed twice.
