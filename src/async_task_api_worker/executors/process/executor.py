@@ -12,11 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
-import os
-import signal
 import socket
-import subprocess
 import sys
 import time
 from typing import Any, Final
@@ -42,6 +40,11 @@ from async_task_api_worker.executors.process.channel import (
     read_frame,
 )
 from async_task_api_worker.executors.process.forkserver import ForkServer, ForkServerError
+from async_task_api_worker.executors.process.group import (
+    TaskProcess,
+    signal_name,
+    spawn_in_new_session,
+)
 from async_task_api_worker.executors.process.output import OutputTail
 from async_task_api_worker.ports import ExecutionRequest
 from async_task_api_worker.protocol.codes import ErrorCode
@@ -59,57 +62,6 @@ GROUP_GONE_TIMEOUT_S: Final = 1.0
 #: Seconds between two attempts to restart a fork server that stopped.
 RESTART_INTERVAL_S: Final = 30.0
 _RESERVED_LOG_KEYS: Final = frozenset({"message", "asctime", "args", "msg", "exc_info"})
-
-
-class _Child:
-    """A started task process: its pid (also its process group id) and its exit code."""
-
-    def __init__(self, pid: int, exited: asyncio.Future[int]) -> None:
-        self.pid = pid
-        self.pgid = pid  # the child is a session leader: recorded here, never looked up again
-        self.exited = exited
-        self.killed = False
-
-    def kill(self) -> None:
-        """SIGKILL the whole group (a no-op once everything in it is gone)."""
-        self.killed = True
-        try:
-            os.killpg(self.pgid, signal.SIGKILL)
-        except ProcessLookupError:
-            if not self.exited.done():
-                # Forked but not yet a session leader: the group does not exist yet.
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(self.pid, signal.SIGKILL)
-
-    async def gone(self, timeout_s: float) -> bool:
-        """Wait until no process of the group is left (reaped), at most ``timeout_s``."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_s
-        while True:
-            try:
-                os.killpg(self.pgid, 0)
-            except ProcessLookupError:
-                return True
-            except PermissionError:  # the group id was reused by someone else's process
-                return True
-            if loop.time() >= deadline:
-                return False
-            # The kernel offers no event for "a group is empty": poll it, briefly.
-            await asyncio.sleep(0.005)
-
-    async def reap(self, timeout_s: float) -> int | None:
-        """The exit code, waiting at most ``timeout_s``; ``None`` if not known by then."""
-        try:
-            return await asyncio.wait_for(asyncio.shield(self.exited), timeout_s)
-        except (TimeoutError, ForkServerError):
-            return None
-
-
-def _signal_name(code: int) -> str:
-    try:
-        return signal.Signals(-code).name
-    except ValueError:
-        return f"signal {-code}"
 
 
 class ProcessExecutor:
@@ -177,7 +129,7 @@ class ProcessExecutor:
             _logger.info("Fork server ready for %s", self._task.handler_reference)
             return server
 
-    async def _launch(self, fds: list[int]) -> _Child:
+    async def _launch(self, fds: list[int]) -> TaskProcess:
         server = await self._ensure_fork_server()
         if server is not None:
             try:
@@ -186,9 +138,9 @@ class ProcessExecutor:
                 _logger.warning("The fork server failed (%s); spawning this task instead", exc)
             else:
                 self.spawned_by_fork_server += 1
-                return _Child(pid, exited)
+                return TaskProcess(pid, exited)
         channel_fd, out_fd, err_fd = fds
-        process = await asyncio.create_subprocess_exec(
+        argv = [
             sys.executable,
             "-m",
             "async_task_api_worker.executors.process",
@@ -199,15 +151,13 @@ class ProcessExecutor:
             str(channel_fd),
             *(["--main-path", self._main_path] if self._main_path else []),
             "--sys-path",
-            _json_list(sys.path),
-            pass_fds=(channel_fd,),
-            stdin=subprocess.DEVNULL,
-            stdout=out_fd,
-            stderr=err_fd,
-            start_new_session=True,
+            json.dumps(sys.path),
+        ]
+        child = await spawn_in_new_session(
+            argv, stdout_fd=out_fd, stderr_fd=err_fd, pass_fds=(channel_fd,)
         )
         self.spawned_fresh += 1
-        return _Child(process.pid, asyncio.ensure_future(process.wait()))
+        return child
 
     def _request(self, request: ExecutionRequest) -> dict[str, Any]:
         context = request.context
@@ -248,7 +198,7 @@ class ProcessExecutor:
         ours, theirs = socket.socketpair()
         stdout = OutputTail("stdout", self._tail_bytes)
         stderr = OutputTail("stderr", self._tail_bytes)
-        child: _Child | None = None
+        child: TaskProcess | None = None
         output_level = logging.DEBUG
         try:
             try:
@@ -283,7 +233,7 @@ class ProcessExecutor:
 
     async def _clean_up(  # noqa: PLR0917 - private, called once
         self,
-        child: _Child | None,
+        child: TaskProcess | None,
         ours: socket.socket,
         stdout: OutputTail,
         stderr: OutputTail,
@@ -311,7 +261,9 @@ class ProcessExecutor:
                     extra=task_log_extra({"task_id": task_id}),
                 )
 
-    async def _converse(self, ours: socket.socket, request: ExecutionRequest, child: _Child) -> Any:
+    async def _converse(
+        self, ours: socket.socket, request: ExecutionRequest, child: TaskProcess
+    ) -> Any:
         reader, writer = await asyncio.open_unix_connection(sock=ours)
         try:
             answer = await self._exchange(reader, writer, request)
@@ -353,13 +305,13 @@ class ProcessExecutor:
         except ConnectionError:
             return None  # the child died: its exit status tells how
 
-    async def _no_answer(self, child: _Child) -> Any:
+    async def _no_answer(self, child: TaskProcess) -> Any:
         code = await child.reap(EXIT_GRACE_S)
         if code is None:
             child.kill()
             code = await child.reap(REAP_TIMEOUT_S)
         if code is not None and code < 0 and not child.killed:
-            name = _signal_name(code)
+            name = signal_name(code)
             _logger.error("The task's process was killed by %s, not by the SDK", name)
             raise IsolatedTaskError(
                 ErrorCode.WORKER_CRASHED, f"the task's process was killed by {name}"
@@ -421,9 +373,3 @@ def _relay_log(message: dict[str, Any]) -> None:
     if message.get("exc"):
         record.exc_text = str(message["exc"])
     logger.handle(record)
-
-
-def _json_list(values: list[str]) -> str:
-    import json
-
-    return json.dumps(values)
