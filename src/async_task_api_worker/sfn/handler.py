@@ -1,0 +1,105 @@
+"""The subprocess's side: ``run_handler(request_schema, handler)`` (seed 000, "Protocol").
+
+The request arrives in ``WORKER_REQUEST`` (the raw SQS body) or, when it is too large or not
+fit for an environment variable, in a private file named by ``WORKER_REQUEST_FILE``: read
+either way, transparently. The result is written on stdout: a JSON object and exit 0, or an
+``ErrorOutput`` envelope and exit 1 (the traceback goes to stderr). While the handler runs, file
+descriptor 1 points at stderr, so its ``print()`` calls, a library's banner or a C extension's
+writes cannot corrupt the result: only ``run_handler`` writes to the real stdout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import os
+import sys
+import traceback
+from collections.abc import Callable
+from typing import Any, Final, NoReturn, TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+from async_task_api_worker.sfn.request import ErrorOutput, WorkerRequest
+
+__all__ = ["REQUEST_ENV", "REQUEST_FILE_ENV", "run_handler"]
+
+#: The environment variable that holds the raw request.
+REQUEST_ENV: Final = "WORKER_REQUEST"
+#: The environment variable that names the private file holding it instead.
+REQUEST_FILE_ENV: Final = "WORKER_REQUEST_FILE"
+
+RequestT = TypeVar("RequestT", bound=WorkerRequest)
+
+
+def _read_request() -> str:
+    path = os.environ.get(REQUEST_FILE_ENV)
+    if path:
+        with open(path, encoding="utf-8") as request_file:
+            return request_file.read()
+    return os.environ[REQUEST_ENV]
+
+
+def _describe(exc: ValidationError) -> str:
+    """Field names and error types only: never the request's values."""
+    parts = []
+    for error in exc.errors(include_url=False, include_input=False, include_context=False):
+        where = ".".join(str(part) for part in error["loc"]) or "(request)"
+        parts.append(f"{where}: {error['type']}")
+    return "invalid request: " + "; ".join(parts)
+
+
+def _result_json(result: Any) -> str:
+    if isinstance(result, BaseModel):
+        result = result.model_dump(mode="json")
+    if not isinstance(result, dict):
+        raise TypeError(f"the handler returned {type(result).__name__}, not a JSON object")
+    # Strict JSON: Step Functions refuses NaN and Infinity.
+    return json.dumps(result, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+def run_handler(request_schema: type[RequestT], handler: Callable[[RequestT], Any]) -> NoReturn:
+    """Parse the request, run ``handler`` on it, write the result, and exit.
+
+    Args:
+        request_schema: the subprocess's full request model (a ``WorkerRequest`` subclass).
+        handler: takes the validated request and returns a pydantic model or a dict (a JSON
+            object); may be ``async def``. Anything it raises becomes an ``ErrorOutput`` with
+            the exception's class name and message (a validation error of the request is
+            described by field names and error types, never values).
+
+    Exits with 0 after a result, 1 after an ``ErrorOutput``.
+    """
+    sys.stdout.flush()
+    result_fd = os.dup(1)
+    os.dup2(2, 1)  # the handler's own output goes to stderr from here on
+    try:
+        request = request_schema.model_validate_json(_read_request())
+        result = handler(request)
+        if inspect.isawaitable(result):
+            result = asyncio.run(_awaited(result))
+        data = _result_json(result)
+    except BaseException as exc:
+        traceback.print_exc()
+        message = _describe(exc) if isinstance(exc, ValidationError) else str(exc)
+        envelope = ErrorOutput(error=type(exc).__name__, message=message)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        _write_all(result_fd, envelope.model_dump_json().encode())
+        os._exit(1)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    _write_all(result_fd, data.encode("utf-8"))
+    os._exit(0)
+
+
+async def _awaited(awaitable: Any) -> Any:
+    return await awaitable

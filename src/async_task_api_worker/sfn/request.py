@@ -1,0 +1,36 @@
+"""The request and error models shared by the parent and the subprocess (seed 000, "Protocol")."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, StringConstraints
+
+__all__ = ["ErrorOutput", "NonEmptyStr", "WorkerRequest"]
+
+#: A string with at least one character once surrounding whitespace is stripped.
+NonEmptyStr = Annotated[str, StringConstraints(min_length=1, strip_whitespace=True)]
+
+
+class WorkerRequest(BaseModel):
+    """Base of request schemas: the SQS body, which carries the Step Functions task token.
+
+    The state machine's ``sqs:sendMessage.waitForTaskToken`` state puts the token in the body
+    as ``task_token`` (``"task_token.$": "$$.Task.Token"``). Subclass it with your fields; the
+    parent's schema needs only the routing fields (use ``extra="ignore"``), the subprocess's
+    validates the whole request.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    task_token: NonEmptyStr
+
+
+class ErrorOutput(BaseModel):
+    """What a failing subprocess writes on stdout, then exits 1.
+
+    ``error`` is the exception's class name, ``message`` its text.
+    """
+
+    error: str
+    message: str
