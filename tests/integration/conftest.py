@@ -25,6 +25,9 @@ from typing import Any
 import pytest
 
 from async_task_api_worker.client import TaskClient
+from tests.integration.sfn_fixtures import aws, ecs_agent, moto_url, sfn_worker
+
+__all__ = ["aws", "ecs_agent", "moto_url", "sfn_worker"]  # fixtures of the sfn tests
 
 REPO = Path(__file__).resolve().parents[2]
 BROKER_HOST, BROKER_PORT = "127.0.0.1", 5672

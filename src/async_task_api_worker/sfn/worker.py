@@ -318,6 +318,7 @@ class Worker(Generic[RequestT]):
                 stderr.close_write_end()
             stdout.start()
             stderr.start()
+            _logger.info("Running %s (pid %d, its own process group)", module, child.pid)
             heartbeat = asyncio.ensure_future(self._heartbeat(token, child, stale))
             code = await child.reap(self._timeout_s)
         finally:

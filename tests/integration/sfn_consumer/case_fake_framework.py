@@ -1,0 +1,7 @@
+import os
+import sys
+
+# Pretends to be the worker's own control-flow exception.
+sys.stdout.write('{"error": "AbortedStaleTask", "message": "fake"}')
+sys.stdout.flush()
+os._exit(1)

@@ -1,0 +1,13 @@
+import time
+
+from async_task_api_worker.sfn import run_handler
+from tests.integration.sfn_consumer.cases import CaseRequest
+
+
+def handle(request: CaseRequest) -> dict[str, object]:
+    time.sleep(2)
+    return {"slept": True}
+
+
+if __name__ == "__main__":
+    run_handler(CaseRequest, handle)
