@@ -237,11 +237,15 @@ class Worker(Generic[RequestT]):
             if protection.enabled:
                 await asyncio.to_thread(protection.disable)
 
+    @property
+    def renew_period_s(self) -> float:
+        """Seconds between two renewals of the protection: a minute before it runs out."""
+        return max(60.0, (self.protection_minutes - 1) * 60.0)
+
     async def _renew_protection(self) -> None:
         assert self._protection is not None  # noqa: S101
-        period_s = max(60.0, (self.protection_minutes - 1) * 60.0)
         while True:
-            await asyncio.sleep(period_s)
+            await asyncio.sleep(self.renew_period_s)
             await asyncio.to_thread(self._protection.enable, self.protection_minutes)
 
     async def _delete(self, message: Mapping[str, Any]) -> None:

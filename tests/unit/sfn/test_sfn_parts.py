@@ -176,3 +176,50 @@ def test_sfn_imports_only_its_documented_building_blocks() -> None:
                     "async_task_api_worker.sfn"
                 ):
                     assert module in ALLOWED, f"{path.name} imports {module}"
+
+
+class CountingProtection(TaskProtection):
+    def __init__(self) -> None:
+        super().__init__("http://agent.invalid")
+        self.states: list[bool] = []
+
+    def enable(self, expires_in_minutes: int) -> bool:
+        self.states.append(True)
+        return True
+
+    def disable(self) -> bool:
+        self.states.append(False)
+        return True
+
+
+async def test_protection_covers_the_budget_and_is_renewed_on_long_messages(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    protection = CountingProtection()
+    worker: Worker[WorkerRequest] = Worker(
+        request_schema=WorkerRequest,
+        select_subprocess_module=lambda request: "x",
+        sqs_queue_url="q",
+        message_processing_timeout_minutes=3000,
+        sqs_client=object(),
+        stepfunctions_client=object(),
+        protection=protection,
+    )
+    assert worker.protection_minutes == 2880  # ECS's cap
+    assert worker.renew_period_s == 2879 * 60
+    monkeypatch.setattr(Worker, "renew_period_s", 0.01)
+    renewed = asyncio.Event()
+
+    async def slow(self: Any, message: Any) -> None:
+        while protection.states.count(True) < 3:
+            await asyncio.sleep(0.01)
+        renewed.set()
+
+    async def processing(self: Any, body: str) -> None:
+        await slow(self, body)
+
+    monkeypatch.setattr(Worker, "_delete", lambda self, message: asyncio.sleep(0))
+    monkeypatch.setattr(Worker, "_process", processing)
+    await worker.handle_message({"Body": "{}", "ReceiptHandle": "r"})
+    assert renewed.is_set()
+    assert protection.states[0] is True and protection.states[-1] is False
