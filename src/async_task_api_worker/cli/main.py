@@ -45,6 +45,18 @@ def _parser() -> argparse.ArgumentParser:
         "file", nargs="?", default="-", help="JSON lines of task inputs (default: stdin)"
     )
 
+    tick = commands.add_parser(
+        "tick",
+        help="one budgeted tick: publish finished detached results, hand new tasks to "
+        "detached workers (for cron jobs)",
+    )
+    tick.add_argument("target", help="my_module:worker")
+    tick.add_argument("--state-dir", required=True, help="the detached workers' state directory")
+    tick.add_argument("--budget-s", required=True, type=float, help="the tick's budget, seconds")
+    tick.add_argument(
+        "--max-new", type=int, default=1, help="new tasks to take in this tick (default 1)"
+    )
+
     submit = commands.add_parser(
         "submit", help="publish one task to a worker and print its reports until the last"
     )
@@ -80,6 +92,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             from async_task_api_worker.cli.commands.check import check_command
 
             return check_command(arguments.target)
+        if arguments.command == "tick":
+            from async_task_api_worker.cli.commands.tick import tick_command
+
+            return tick_command(
+                arguments.target,
+                state_dir=arguments.state_dir,
+                budget_s=arguments.budget_s,
+                max_new=arguments.max_new,
+            )
         if arguments.command == "dev":
             from async_task_api_worker.cli.commands.dev import dev_command
 

@@ -1,0 +1,100 @@
+"""Handing work to a detached worker (seed 002, "Detached worker").
+
+:func:`spawn_detached` writes the message and the in-flight marker (the durable receipt: after
+it, the caller may ack its input), then starts ``python -m async_task_api_worker.detached`` in a
+new session, with no inherited pipe: a kill of the caller's process group (a cron's budget kill)
+cannot take it down. The worker records its own pid, start time and boot id in the marker, runs
+the handler, writes the result file, then removes the marker. If the worker cannot be started,
+the work runs here, synchronously, as the seed's fallback says: late, but never dropped.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from async_task_api_worker.detached.run import run_work
+from async_task_api_worker.detached.state import (
+    INPUT_SUFFIX,
+    MARKER_SUFFIX,
+    Marker,
+    write_atomically,
+)
+
+__all__ = ["spawn_detached"]
+
+_logger = logging.getLogger("async_task_api_worker.detached")
+
+
+def spawn_detached(
+    state_dir: Path,
+    correlation_id: str,
+    message: dict[str, Any],
+    *,
+    handler: str,
+    deadline_s: float,
+    meta: dict[str, Any] | None = None,
+    sdk_worker: bool = False,
+) -> Marker:
+    """Start a detached worker for ``message``.
+
+    Args:
+        state_dir: the state directory (created if missing).
+        correlation_id: the work's id: names its files, and comes back with its result.
+        message: the work's input (a JSON object).
+        handler: ``module:function``, or ``path/to/file.py:function`` (its directory is made
+            importable), of a function taking the message and returning a JSON object; with
+            ``sdk_worker``, the ``module:worker`` whose task runs (the ``tick`` command).
+        deadline_s: seconds the work may take; past them, the worker stops itself and a sweep
+            reports ``TASK_TIMEOUT``, or ``WORKER_DIED`` if it died.
+        meta: kept in the marker and returned with the result (what the caller needs to report).
+        sdk_worker: ``handler`` names an SDK ``Worker``.
+
+    Returns:
+        The marker written (its ``pid`` is set by the worker itself).
+
+    Raises:
+        OSError: the state files could not be written (nothing was started).
+    """
+    state_dir = Path(state_dir)
+    state_dir.mkdir(parents=True, exist_ok=True)
+    marker = Marker.new(correlation_id, deadline_s, meta or {})
+    write_atomically(state_dir / f"{correlation_id}{INPUT_SUFFIX}", json.dumps(message).encode())
+    write_atomically(state_dir / f"{correlation_id}{MARKER_SUFFIX}", marker.to_json())
+    argv = [
+        sys.executable,
+        "-m",
+        "async_task_api_worker.detached",
+        "--state-dir",
+        str(state_dir.resolve()),
+        "--correlation-id",
+        correlation_id,
+        "--handler",
+        handler,
+        *(["--sdk-worker"] if sdk_worker else []),
+    ]
+    log_path = state_dir / f"{correlation_id}.log"
+    try:
+        with open(log_path, "ab") as log:
+            subprocess.Popen(  # noqa: S603 - our own interpreter and module
+                argv,
+                start_new_session=True,  # a kill of the caller's group leaves it alone
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=log,
+                close_fds=True,
+                cwd=os.getcwd(),
+            )
+    except OSError as exc:
+        _logger.warning(
+            "Could not start a detached worker (%s): running %s here, synchronously",
+            type(exc).__name__,
+            correlation_id,
+        )
+        run_work(state_dir, correlation_id, handler, sdk_worker=sdk_worker)
+    return marker

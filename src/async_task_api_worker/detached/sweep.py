@@ -1,0 +1,180 @@
+"""The per-tick sweep and the in-flight guard (seed 002, "Per-tick sweep", "In-flight guard").
+
+``sweep`` runs at every tick, before anything else: it delivers every finished result, then
+turns every marker past its deadline into exactly one explicit error result. Concurrent sweeps
+of one directory are safe: each file is claimed by an atomic rename before it is used, and only
+the sweep whose rename succeeded delivers it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+from async_task_api_worker.detached.state import (
+    INPUT_SUFFIX,
+    MARKER_SUFFIX,
+    RESULT_SUFFIX,
+    Marker,
+    move_aside,
+    read_json,
+)
+
+__all__ = ["STALE_CLAIM_S", "SweepReport", "in_flight", "sweep"]
+
+_logger = logging.getLogger("async_task_api_worker.detached")
+
+#: A claimed file still there after this many seconds belongs to a sweep that was killed
+#: between its send and its delete: it is delivered again (a duplicate, by design).
+STALE_CLAIM_S: Final = 300.0
+_CLAIMED: Final = ".claimed-"
+
+#: The error codes of the results a sweep makes for markers past their deadline.
+WORKER_DIED: Final = "WORKER_DIED"
+TASK_TIMEOUT: Final = "TASK_TIMEOUT"
+
+SendResult = Callable[[str, dict[str, Any]], object]
+
+
+@dataclass
+class SweepReport:
+    """What one sweep did (correlation ids)."""
+
+    delivered: list[str] = field(default_factory=list)
+    expired: list[str] = field(default_factory=list)
+    moved_aside: list[str] = field(default_factory=list)
+
+
+def in_flight(state_dir: Path) -> bool:
+    """Whether a detached worker's marker exists: work is mid-flight (seed 002, guard)."""
+    return any(Path(state_dir).glob(f"*{MARKER_SUFFIX}"))
+
+
+def _claim(path: Path) -> Path | None:
+    claimed = path.with_name(f"{path.name}{_CLAIMED}{uuid.uuid4().hex}")
+    try:
+        os.rename(path, claimed)
+    except FileNotFoundError:
+        return None  # another sweep got it first
+    return claimed
+
+
+def _correlation_id(path: Path, suffix: str) -> str:
+    name = path.name.split(_CLAIMED, 1)[0]
+    return name[: -len(suffix)]
+
+
+def _forget(state_dir: Path, correlation_id: str) -> None:
+    for suffix in (INPUT_SUFFIX, ".log"):
+        with contextlib.suppress(FileNotFoundError):
+            (state_dir / f"{correlation_id}{suffix}").unlink()
+
+
+def sweep(state_dir: Path, send_result: SendResult) -> SweepReport:
+    """Deliver finished results, then expire markers past their deadline.
+
+    A bad file is moved aside, never raised.
+
+    Args:
+        state_dir: the state directory.
+        send_result: ``send_result(correlation_id, result)``; a result is removed only after it
+            returns. If it raises, the result stays (claimed) and is sent again by a later
+            sweep once :data:`STALE_CLAIM_S` has passed.
+
+    Returns:
+        What was delivered, expired and moved aside.
+
+    Duplicates are possible (a kill between the send and the delete): results carry their
+    correlation id, so make the receiver idempotent on it.
+    """
+    state_dir = Path(state_dir)
+    report = SweepReport()
+    if not state_dir.is_dir():
+        return report
+    now = time.time()
+    results = sorted(state_dir.glob(f"*{RESULT_SUFFIX}"))
+    results += [
+        path
+        for path in sorted(state_dir.glob(f"*{RESULT_SUFFIX}{_CLAIMED}*"))
+        if now - path.stat().st_mtime > STALE_CLAIM_S
+    ]
+    for path in results:
+        _deliver(state_dir, path, send_result, report)
+    for path in sorted(state_dir.glob(f"*{MARKER_SUFFIX}")):
+        _expire(state_dir, path, send_result, report)
+    return report
+
+
+def _deliver(state_dir: Path, path: Path, send: SendResult, report: SweepReport) -> None:
+    claimed = _claim(path)
+    if claimed is None:
+        return
+    correlation_id = _correlation_id(path, RESULT_SUFFIX)
+    try:
+        result = read_json(claimed)
+    except FileNotFoundError:
+        return
+    except ValueError as exc:
+        move_aside(claimed, str(exc))
+        report.moved_aside.append(path.name)
+        return
+    send(correlation_id, result)
+    claimed.unlink(missing_ok=True)
+    with contextlib.suppress(FileNotFoundError):
+        (state_dir / f"{correlation_id}{MARKER_SUFFIX}").unlink()
+    _forget(state_dir, correlation_id)
+    report.delivered.append(correlation_id)
+
+
+def _expire(state_dir: Path, path: Path, send: SendResult, report: SweepReport) -> None:
+    try:
+        marker = Marker.from_json(read_json(path))
+    except FileNotFoundError:
+        return
+    except ValueError as exc:
+        move_aside(path, str(exc))
+        report.moved_aside.append(path.name)
+        return
+    if not marker.past_deadline:
+        return  # before its deadline, a marker means nothing yet, even if its worker died
+    correlation_id = marker.correlation_id
+    claimed = _claim(path)
+    if claimed is None:
+        return
+    if (state_dir / f"{correlation_id}{RESULT_SUFFIX}").exists():
+        # The worker finished after all: its own result goes out (now or at the next sweep).
+        claimed.unlink(missing_ok=True)
+        return
+    alive = marker.worker_alive()
+    if alive and marker.pid is not None:
+        # Its identity checked (pid, start time, boot): the group it leads is the worker's.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(marker.pid, signal.SIGKILL)
+    code = TASK_TIMEOUT if alive else WORKER_DIED
+    message = (
+        f"the detached worker was still running at its deadline ({marker.deadline_at}) "
+        "and was killed"
+        if alive
+        else f"the detached worker died without a result (deadline {marker.deadline_at})"
+    )
+    _logger.warning("Marker %s expired: %s", correlation_id, code)
+    send(
+        correlation_id,
+        {
+            "correlation_id": correlation_id,
+            "ok": False,
+            "error": {"code": code, "message": message},
+            "meta": marker.meta,
+        },
+    )
+    claimed.unlink(missing_ok=True)
+    _forget(state_dir, correlation_id)
+    report.expired.append(correlation_id)
