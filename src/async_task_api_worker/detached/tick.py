@@ -24,6 +24,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final
 
+from pydantic import ValidationError
+
 from async_task_api_worker.definition import Worker
 from async_task_api_worker.detached.spawn import spawn_detached
 from async_task_api_worker.detached.state import MARKER_SUFFIX, RESULT_SUFFIX
@@ -159,9 +161,9 @@ class _Tick:
             return
         try:
             self.task.input_model.model_validate(envelope.input)
-        except Exception as exc:
-            message = describe_validation_error(exc) if hasattr(exc, "errors") else "invalid"
-            await self.conclude(run, delivery, ErrorCode.INVALID_INPUT, f"invalid input: {message}")
+        except ValidationError as exc:
+            why = f"invalid input: {describe_validation_error(exc)}"
+            await self.conclude(run, delivery, ErrorCode.INVALID_INPUT, why)
             return
         if not await run.publish_started():
             await self.transport.requeue(delivery, count_attempt=False)
