@@ -206,6 +206,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--handler", required=True)
     parser.add_argument("--sdk-worker", action="store_true")
     arguments = parser.parse_args(argv)
+    if os.fork() > 0:
+        os._exit(0)  # the launcher: its caller waits for this exit, not for the work
+    os.setsid()  # the worker leads its own group: a sweep can kill it whole, by its pid
     state_dir: Path = arguments.state_dir
     correlation_id: str = arguments.correlation_id
     marker_path = state_dir / f"{correlation_id}{MARKER_SUFFIX}"

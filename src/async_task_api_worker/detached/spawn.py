@@ -26,7 +26,10 @@ from async_task_api_worker.detached.state import (
     write_atomically,
 )
 
-__all__ = ["spawn_detached"]
+__all__ = ["SPAWN_TIMEOUT_S", "spawn_detached"]
+
+#: Seconds the launcher may take to fork the worker and exit.
+SPAWN_TIMEOUT_S = 30.0
 
 _logger = logging.getLogger("async_task_api_worker.detached")
 
@@ -81,7 +84,9 @@ def spawn_detached(
     log_path = state_dir / f"{correlation_id}.log"
     try:
         with open(log_path, "ab") as log:
-            subprocess.Popen(  # noqa: S603 - our own interpreter and module
+            # The started process forks the worker and exits at once (a double fork): the
+            # worker is nobody's child here, so it never lingers as this process's zombie.
+            started = subprocess.run(  # noqa: S603 - our own interpreter and module
                 argv,
                 start_new_session=True,  # a kill of the caller's group leaves it alone
                 stdin=subprocess.DEVNULL,
@@ -89,8 +94,12 @@ def spawn_detached(
                 stderr=log,
                 close_fds=True,
                 cwd=os.getcwd(),
+                timeout=SPAWN_TIMEOUT_S,
+                check=False,
             )
-    except OSError as exc:
+        if started.returncode != 0:
+            raise OSError(f"the detached worker's launcher exited with {started.returncode}")
+    except (OSError, subprocess.TimeoutExpired) as exc:
         _logger.warning(
             "Could not start a detached worker (%s): running %s here, synchronously",
             type(exc).__name__,

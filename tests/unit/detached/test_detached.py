@@ -1,0 +1,197 @@
+"""Detached workers as real processes: results, dead workers, identity, concurrent sweeps."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from async_task_api_worker.detached import Marker, in_flight, spawn_detached, sweep
+from async_task_api_worker.detached.state import process_start_time, write_atomically
+
+HANDLERS = "tests.unit.detached.handlers"
+
+
+def wait_until(predicate: Any, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+class Inbox:
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, dict[str, Any]]] = []
+        self._lock = threading.Lock()
+
+    def __call__(self, correlation_id: str, result: dict[str, Any]) -> None:
+        with self._lock:
+            self.sent.append((correlation_id, result))
+
+
+def marker_of(state: Path, correlation_id: str) -> dict[str, Any]:
+    return dict(json.loads((state / f"{correlation_id}.running").read_text()))
+
+
+def test_a_finished_result_is_delivered_once_and_the_guard_follows_the_marker(
+    tmp_path: Path,
+) -> None:
+    state = tmp_path / "state"
+    spawn_detached(
+        state, "c-1", {"seconds": 0.5}, handler=f"{HANDLERS}:slow", deadline_s=30, meta={"k": 1}
+    )
+    assert in_flight(state)
+    wait_until((state / "c-1.json").exists)
+    assert not in_flight(state)
+    inbox = Inbox()
+    report = sweep(state, inbox)
+    assert report.delivered == ["c-1"]
+    ((correlation_id, result),) = inbox.sent
+    assert correlation_id == "c-1"
+    assert result["ok"] is True and result["response"] == {"slept": 0.5}
+    assert result["meta"] == {"k": 1} and result["correlation_id"] == "c-1"
+    assert sweep(state, inbox).delivered == []  # once
+    assert sorted(p.name for p in state.iterdir()) == []
+
+
+def test_a_crash_is_a_structured_error_result(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    spawn_detached(state, "c-2", {}, handler=f"{HANDLERS}:crash", deadline_s=30)
+    spawn_detached(state, "c-3", {}, handler=f"{HANDLERS}:refuse", deadline_s=30)
+    wait_until(lambda: (state / "c-2.json").exists() and (state / "c-3.json").exists())
+    inbox = Inbox()
+    sweep(state, inbox)
+    results = dict(inbox.sent)
+    assert results["c-2"]["error"] == {
+        "code": "INTERNAL_ERROR",
+        "message": "the work failed with an internal error",
+    }
+    assert "hunter2" not in json.dumps(results["c-2"])
+    assert results["c-3"]["error"] == {"code": "NOT_ALLOWED", "message": "No."}
+
+
+def test_a_killed_worker_is_reported_once_after_its_deadline_and_not_before(
+    tmp_path: Path,
+) -> None:
+    state = tmp_path / "state"
+    spawn_detached(state, "c-4", {"seconds": 60}, handler=f"{HANDLERS}:slow", deadline_s=2)
+    wait_until(lambda: marker_of(state, "c-4").get("pid") is not None)
+    pid = marker_of(state, "c-4")["pid"]
+    os.kill(pid, signal.SIGKILL)
+    wait_until(lambda: process_start_time(pid) is None)
+    inbox = Inbox()
+    assert sweep(state, inbox).expired == []  # before the deadline: nothing
+    assert inbox.sent == [] and in_flight(state)
+    wait_until(lambda: Marker.from_json(marker_of(state, "c-4")).past_deadline)
+    assert sweep(state, inbox).expired == ["c-4"]
+    ((_, result),) = inbox.sent
+    assert result["error"]["code"] == "WORKER_DIED"
+    assert sweep(state, inbox).expired == []
+    assert len(inbox.sent) == 1 and not in_flight(state)
+
+
+def test_a_worker_past_its_deadline_stops_itself_with_task_timeout(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    spawn_detached(state, "c-5", {"seconds": 60}, handler=f"{HANDLERS}:slow", deadline_s=1)
+    wait_until((state / "c-5.json").exists)
+    inbox = Inbox()
+    sweep(state, inbox)
+    ((_, result),) = inbox.sent
+    assert result["error"]["code"] == "TASK_TIMEOUT"
+
+
+def test_a_live_pid_with_another_start_time_is_a_dead_worker(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    bystander = subprocess.Popen(["sleep", "60"])
+    try:
+        marker = Marker.new("c-6", -1, {"task_id": "c-6"})
+        marker.pid = bystander.pid
+        start = process_start_time(bystander.pid)
+        assert start is not None
+        marker.start_time = start - 1  # the pid was reused by another process
+        write_atomically(state / "c-6.running", marker.to_json())
+        inbox = Inbox()
+        assert sweep(state, inbox).expired == ["c-6"]
+        assert inbox.sent[0][1]["error"]["code"] == "WORKER_DIED"
+        assert bystander.poll() is None  # not killed: it is not the worker
+    finally:
+        bystander.kill()
+        bystander.wait()
+
+
+def test_two_sweeps_at_once_deliver_each_result_and_marker_once(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    for number in range(20):
+        write_atomically(
+            state / f"r-{number}.json",
+            json.dumps({"ok": True, "response": {}, "correlation_id": f"r-{number}"}).encode(),
+        )
+        write_atomically(state / f"m-{number}.running", Marker.new(f"m-{number}", -1, {}).to_json())
+    inbox = Inbox()
+    start = threading.Barrier(2)
+
+    def one_sweep() -> None:
+        start.wait()
+        sweep(state, inbox)
+
+    sweeps = [threading.Thread(target=one_sweep) for _ in range(2)]
+    for thread in sweeps:
+        thread.start()
+    for thread in sweeps:
+        thread.join()
+    ids = [correlation_id for correlation_id, _ in inbox.sent]
+    assert sorted(ids) == sorted({*ids})
+    assert len(ids) == 40
+
+
+def test_unreadable_files_are_moved_aside_and_the_sweep_goes_on(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    good = json.dumps({"ok": True, "response": {"n": 1}}).encode()
+    write_atomically(state / "good.json", good)
+    (state / "torn.json").write_bytes(good[: len(good) // 2])
+    (state / "junk.running").write_bytes(b"\x00\xff garbage")
+    inbox = Inbox()
+    report = sweep(state, inbox)
+    assert [correlation_id for correlation_id, _ in inbox.sent] == ["good"]
+    assert sorted(report.moved_aside) == ["junk.running", "torn.json"]
+    assert len(list((state / "bad").iterdir())) == 2
+
+
+def test_a_handler_loaded_by_file_path_with_its_directory_importable(tmp_path: Path) -> None:
+    code = tmp_path / "scripts"
+    code.mkdir()
+    (code / "helper.py").write_text("def double(n):\n    return n * 2\n")
+    (code / "job.py").write_text(
+        "import helper\n\ndef run(message):\n    return {'n': helper.double(message['n'])}\n"
+    )
+    state = tmp_path / "state"
+    spawn_detached(state, "c-7", {"n": 21}, handler=f"{code / 'job.py'}:run", deadline_s=30)
+    wait_until((state / "c-7.json").exists)
+    inbox = Inbox()
+    sweep(state, inbox)
+    assert inbox.sent[0][1]["response"] == {"n": 42}
+
+
+def test_a_spawn_failure_runs_the_work_here(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise OSError("no more processes")
+
+    monkeypatch.setattr(subprocess, "Popen", refuse)
+    state = tmp_path / "state"
+    spawn_detached(state, "c-8", {"x": 1}, handler=f"{HANDLERS}:quick", deadline_s=30)
+    assert (state / "c-8.json").exists() and not in_flight(state)
+    inbox = Inbox()
+    sweep(state, inbox)
+    assert inbox.sent[0][1]["response"] == {"echo": {"x": 1}}
