@@ -1,0 +1,144 @@
+"""The ``tick`` command on the real broker: budget kills, dead workers, empty ticks, budget."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import aio_pika
+
+from async_task_api_worker.detached import Marker
+from async_task_api_worker.protocol.reports import decode_report
+from tests.integration.conftest import REPO, Queues, wait_for
+
+TARGET = "tests.integration.workers:sleeping"
+
+
+def tick(
+    queues: Queues, state: Path, *, budget_s: float = 20, max_new: int = 1, **env: str
+) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "async_task_api_worker",
+            "tick",
+            TARGET,
+            "--state-dir",
+            str(state),
+            "--budget-s",
+            str(budget_s),
+            "--max-new",
+            str(max_new),
+        ],
+        cwd=REPO,
+        env=queues.env(ATW_TEST_MARKERS=str(state.parent), **env),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,  # its own group, as cron gives it: killed whole below
+    )
+
+
+async def submit(queues: Queues, *inputs: dict[str, Any]) -> list[str]:
+    async with queues.client("sleeping") as client:
+        return [await client.submit(task_input) for task_input in inputs]
+
+
+def submit_raw(queues: Queues, *inputs: dict[str, Any]) -> None:
+    """Publish envelopes without a client consuming the output queue."""
+    from async_task_api_worker.client import build_envelope
+
+    async def publish() -> None:
+        connection = await aio_pika.connect(queues.url)
+        async with connection:
+            channel = await connection.channel()
+            await channel.declare_queue(queues.in_queue, durable=True)
+            for number, task_input in enumerate(inputs):
+                _, body = build_envelope(
+                    task_input, service="sleeping", task_id=f"t-{number}", client_id="c"
+                )
+                await channel.default_exchange.publish(
+                    aio_pika.Message(body), routing_key=queues.in_queue
+                )
+
+    asyncio.run(publish())
+
+
+def reports(queues: Queues) -> list[Any]:
+    async def drain() -> list[bytes]:
+        connection = await aio_pika.connect(queues.url)
+        bodies = []
+        async with connection:
+            channel = await connection.channel()
+            queue = await channel.declare_queue(queues.out_queue, durable=True)
+            while (message := await queue.get(fail=False, timeout=5)) is not None:
+                bodies.append(message.body)
+                await message.ack()
+        return bodies
+
+    return [decode_report(body) for body in asyncio.run(drain())]
+
+
+def marker(state: Path, task_id: str) -> dict[str, Any]:
+    try:
+        return dict(json.loads((state / f"{task_id}.running").read_text()))
+    except (OSError, ValueError):
+        return {}
+
+
+def test_a_tick_killed_whole_after_the_spawn_loses_nothing(queues: Queues, tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    submit_raw(queues, {"seconds": 1.5})
+    first = tick(queues, state)
+    wait_for(lambda: marker(state, "t-0").get("pid"), what="the detached worker")
+    os.killpg(first.pid, signal.SIGKILL)  # the cron's budget kill: the tick's whole group
+    first.wait()
+    wait_for((state / "t-0.json").exists, what="the detached worker's result")
+    # The next tick: no new message (or the same one, redelivered: its marker is the receipt).
+    assert tick(queues, state).wait(timeout=60) == 0
+    queues.assert_drained(queues.in_queue)
+    assert tick(queues, state).wait(timeout=60) == 0  # nothing left: nothing published
+    got = [(report.task_id, report.type) for report in reports(queues)]
+    assert got == [("t-0", "started"), ("t-0", "success")]
+
+
+def test_a_dead_worker_is_reported_once_after_its_deadline(queues: Queues, tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    submit_raw(queues, {"seconds": 60})
+    env = {"WORKER_TASK_TIMEOUT_S": "4"}
+    assert tick(queues, state, **env).wait(timeout=60) == 0
+    pid = marker(state, "t-0")["pid"]
+    os.kill(pid, signal.SIGKILL)
+    assert tick(queues, state, **env).wait(timeout=60) == 0  # before the deadline: nothing
+    assert [report.type for report in reports(queues)] == ["started"]
+    wait_for(lambda: Marker.from_json(marker(state, "t-0")).past_deadline, what="the deadline")
+    assert tick(queues, state, **env).wait(timeout=60) == 0
+    assert tick(queues, state, **env).wait(timeout=60) == 0
+    failures = [report for report in reports(queues) if report.type == "failure"]
+    assert len(failures) == 1
+    assert failures[0].error.code == "WORKER_DIED"  # type: ignore[union-attr]
+
+
+def test_a_tick_returns_within_its_budget_with_long_tasks_queued(
+    queues: Queues, tmp_path: Path
+) -> None:
+    state = tmp_path / "state"
+    submit_raw(queues, *({"seconds": 30} for _ in range(10)))
+    budget_s = 8.0
+    started = time.monotonic()
+    run = tick(queues, state, budget_s=budget_s, max_new=10)
+    assert run.wait(timeout=60) == 0
+    assert time.monotonic() - started < budget_s
+    spawned = list(state.glob("*.running"))
+    assert spawned  # it took work, then stopped in time
+    for path in spawned:  # the detached workers would sleep 30 s more
+        pid = json.loads(path.read_text()).get("pid")
+        if pid:
+            os.killpg(pid, signal.SIGKILL)
