@@ -15,6 +15,7 @@ from typing import Any
 import aio_pika
 
 from async_task_api_worker.detached import Marker
+from async_task_api_worker.detached.state import write_atomically
 from async_task_api_worker.protocol.reports import decode_report
 from tests.integration.conftest import REPO, Queues, wait_for
 
@@ -95,13 +96,13 @@ def marker(state: Path, task_id: str) -> dict[str, Any]:
 
 def test_a_tick_killed_whole_after_the_spawn_loses_nothing(queues: Queues, tmp_path: Path) -> None:
     state = tmp_path / "state"
-    submit_raw(queues, {"seconds": 1.5})
-    first = tick(queues, state)
+    submit_raw(queues, {"seconds": 3})
+    first = tick(queues, state, budget_s=60, max_new=2)  # then it waits for a second task
     wait_for(lambda: marker(state, "t-0").get("pid"), what="the detached worker")
     os.killpg(first.pid, signal.SIGKILL)  # the cron's budget kill: the tick's whole group
     first.wait()
     wait_for((state / "t-0.json").exists, what="the detached worker's result")
-    # The next tick: no new message (or the same one, redelivered: its marker is the receipt).
+    # The next tick delivers the result (and acks the input, had the first tick not).
     assert tick(queues, state).wait(timeout=60) == 0
     queues.assert_drained(queues.in_queue)
     assert tick(queues, state).wait(timeout=60) == 0  # nothing left: nothing published
@@ -142,3 +143,18 @@ def test_a_tick_returns_within_its_budget_with_long_tasks_queued(
         pid = json.loads(path.read_text()).get("pid")
         if pid:
             os.killpg(pid, signal.SIGKILL)
+
+
+def test_a_tick_with_no_new_message_still_delivers_finished_results(
+    queues: Queues, tmp_path: Path
+) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    meta = {"task_id": "t-done", "client_id": "c", "attempt": 1, "delivery_limit": 5}
+    result = {"ok": True, "response": {"attempt": 1}, "correlation_id": "t-done", "meta": meta}
+    write_atomically(state / "t-done.json", json.dumps(result).encode())
+    assert tick(queues, state).wait(timeout=60) == 0
+    (report,) = reports(queues)
+    assert (report.task_id, report.type) == ("t-done", "success")
+    assert report.response == {"attempt": 1}  # type: ignore[union-attr]
+    assert list(state.iterdir()) == []
