@@ -13,10 +13,11 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from async_task_api_worker.detached.run import run_work
 from async_task_api_worker.detached.state import (
@@ -25,11 +26,14 @@ from async_task_api_worker.detached.state import (
     Marker,
     write_atomically,
 )
+from async_task_api_worker.protocol.envelope import ID_PATTERN
 
 __all__ = ["SPAWN_TIMEOUT_S", "spawn_detached"]
 
 #: Seconds the launcher may take to fork the worker and exit.
 SPAWN_TIMEOUT_S = 30.0
+# The protocol's id rule: a file name with no path in it, and no leading dot.
+_SAFE_ID: Final = re.compile(ID_PATTERN)
 
 _logger = logging.getLogger("async_task_api_worker.detached")
 
@@ -62,8 +66,12 @@ def spawn_detached(
         The marker written (its ``pid`` is set by the worker itself).
 
     Raises:
+        ValueError: ``correlation_id`` is not a safe file name (``^[A-Za-z0-9][A-Za-z0-9._:@-]
+            {0,127}$``, the protocol's task id rule).
         OSError: the state files could not be written (nothing was started).
     """
+    if not _SAFE_ID.fullmatch(correlation_id):
+        raise ValueError(f"correlation id {correlation_id!r} is not a safe file name")
     state_dir = Path(state_dir)
     state_dir.mkdir(parents=True, exist_ok=True)
     marker = Marker.new(correlation_id, deadline_s, meta or {})

@@ -195,3 +195,10 @@ def test_a_spawn_failure_runs_the_work_here(
     inbox = Inbox()
     sweep(state, inbox)
     assert inbox.sent[0][1]["response"] == {"echo": {"x": 1}}
+
+
+@pytest.mark.parametrize("bad", ["../escape", "a/b", ".hidden", "", "x" * 200])
+def test_a_correlation_id_must_be_a_safe_file_name(tmp_path: Path, bad: str) -> None:
+    with pytest.raises(ValueError, match="not a safe file name"):
+        spawn_detached(tmp_path, bad, {}, handler=f"{HANDLERS}:quick", deadline_s=1)
+    assert not any(tmp_path.iterdir())
