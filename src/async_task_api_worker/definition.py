@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import math
+import os
 import re
 import typing
 from collections.abc import Awaitable, Callable
@@ -190,6 +191,19 @@ def _check_importable(function: Callable[..., Any]) -> None:
         )
 
 
+#: Set in the environment of the process-isolation fork server and of task processes.
+TASK_PROCESS_ENV: Final = "ASYNC_TASK_API_WORKER_TASK_PROCESS"
+
+
+def _refuse_in_task_process() -> None:
+    if os.environ.get(TASK_PROCESS_ENV):
+        # As multiprocessing refuses to start a process from a module being imported by one.
+        raise RuntimeError(
+            "worker.run() or serve() was called while a task process imported the worker's "
+            'module: put the call under if __name__ == "__main__":'
+        )
+
+
 def _check_async(kind: str, function: Callable[..., Any]) -> None:
     if not inspect.iscoroutinefunction(function):
         raise HookNotAsyncError(f"{kind} hook {_qualified(function)} must be an async def function")
@@ -363,7 +377,10 @@ class Worker:
 
         Raises:
             SystemExit: with the exit code, when it is not 0.
+            RuntimeError: called while a task process imports the worker's module (a script
+                without an ``if __name__ == "__main__":`` guard).
         """
+        _refuse_in_task_process()
         # The one import of a higher layer from here, kept late on purpose (the runtime
         # imports this module): .importlinter lists it as the only exception.
         from async_task_api_worker.runtime.entry import run_worker
@@ -382,7 +399,9 @@ class Worker:
             SettingsError: a setting is invalid (checked before connecting).
             BrokerRefusedError: the broker refused the connection.
             BrokerUnavailableError: the broker was lost for good.
+            RuntimeError: called while a task process imports the worker's module.
         """
+        _refuse_in_task_process()
         from async_task_api_worker.runtime.entry import serve_worker
 
         await serve_worker(self)

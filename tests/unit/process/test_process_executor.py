@@ -273,3 +273,63 @@ def test_a_worker_killed_with_sigkill_leaves_no_task_process(tmp_path: Path) -> 
     while processes_with(marker):
         assert time.monotonic() < deadline, f"left running: {processes_with(marker)}"
         time.sleep(0.05)
+
+
+async def test_results_up_to_the_report_limit_pass_and_larger_ones_are_too_large() -> None:
+    async with WorkerHarness(isolated) as harness:
+        big = await harness.submit({"mode": "huge", "data": 2_000_000})  # 4 MB, 12 MB escaped
+        huge = await harness.submit({"mode": "huge", "data": 9_000_000})  # 18 MB of UTF-8
+    assert big.message_types == ("started", "success")
+    assert huge.settlement.code == "RESULT_TOO_LARGE"
+
+
+async def test_a_dead_child_is_noticed_even_when_a_descendant_holds_the_channel() -> None:
+    started = time.monotonic()
+    async with WorkerHarness(isolated) as harness:
+        run = await harness.submit({"mode": "fork_then_segv"})
+    assert run.settlement.code == "WORKER_CRASHED"
+    assert time.monotonic() - started < 10  # not the 30 s timeout
+
+
+async def test_a_forged_message_from_the_child_is_an_invalid_result() -> None:
+    async with WorkerHarness(isolated) as harness:
+        run = await harness.submit({"mode": "forge"})
+    assert run.settlement.code == "INVALID_RESULT"
+    assert run.outcome is Outcome.ACKED
+
+
+UNGUARDED = """
+from pydantic import BaseModel
+from async_task_api_worker import SyncTaskContext, Worker
+
+class Nothing(BaseModel):
+    pass
+
+worker = Worker("unguarded")
+
+@worker.task(timeout=5, isolation="process")
+def handle(task_input: Nothing, ctx: SyncTaskContext) -> Nothing:
+    return Nothing()
+
+worker.run()  # no `if __name__ == "__main__":` guard
+"""
+
+
+def test_a_script_without_a_main_guard_stops_the_worker_with_one_line(tmp_path: Path) -> None:
+    script = tmp_path / "unguarded.py"
+    script.write_text(UNGUARDED)
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        env={
+            **os.environ,
+            "HEALTH_CHECK_PORT": "0",
+            "BROKER_URL": "amqp://guest:guest@127.0.0.1:1/",
+        },
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "cannot load the handler" in lines[0], done.stderr

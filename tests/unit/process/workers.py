@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import json
 import logging
@@ -39,6 +40,9 @@ class Job(BaseModel):
         "spin",
         "sleep",
         "bad_result",
+        "huge",
+        "fork_then_segv",
+        "forge",
     ] = "echo"
     data: Any = None
     marker: str = ""
@@ -105,6 +109,19 @@ async def run(job: Job, ctx: TaskContext) -> Echo:  # noqa: PLR0912 - one branch
             pass
     elif job.mode == "sleep":
         time.sleep(float(job.data))
+    elif job.mode == "huge":
+        return Echo(data="é" * int(job.data))
+    elif job.mode == "fork_then_segv":
+        if os.fork() == 0:  # a descendant that keeps the channel open
+            time.sleep(60)
+            os._exit(0)
+        os.kill(os.getpid(), signal.SIGSEGV)
+    elif job.mode == "forge":
+        from async_task_api_worker.executors.process.channel import ChildChannel
+
+        (channel,) = [o for o in gc.get_objects() if isinstance(o, ChildChannel)]
+        channel.send({"t": "progress", "fraction": 0.5, "payload": [1, 2]})
+        time.sleep(60)
     elif job.mode == "bad_result":
         return {"data": object()}  # type: ignore[return-value]
     return Echo(data=job.data, pid=os.getpid())

@@ -18,6 +18,8 @@ import struct
 import threading
 from typing import Any, Final
 
+from async_task_api_worker.protocol.encoding import MAX_REPORT_BYTES
+
 __all__ = [
     "MAX_CHILD_FRAME_BYTES",
     "ChannelError",
@@ -27,15 +29,24 @@ __all__ = [
 ]
 
 _HEADER: Final = struct.Struct(">I")
-#: The largest message a child may send (a result is at most a report, 1 MiB, plus room).
-MAX_CHILD_FRAME_BYTES: Final = 4 * 1024 * 1024
+#: The largest message a child may send: a report's limit (16 MiB), ASCII-escaped JSON making
+#: a character up to six bytes, plus room. A larger result could not be reported anyway.
+MAX_CHILD_FRAME_BYTES: Final = 6 * MAX_REPORT_BYTES + (1 << 20)
 #: The largest request sent down (an envelope is at most WORKER_MAX_MESSAGE_BYTES; JSON
 #: escaping can grow it, six bytes for one).
 MAX_REQUEST_FRAME_BYTES: Final = 2**31
 
 
 class ChannelError(Exception):
-    """The other side broke the framing (a frame too large, or not a JSON object)."""
+    """The other side broke the framing (a frame too large, or not a JSON object).
+
+    Attributes:
+        too_large: the frame was larger than allowed.
+    """
+
+    def __init__(self, message: str, *, too_large: bool = False) -> None:
+        super().__init__(message)
+        self.too_large = too_large
 
 
 def encode_frame(message: dict[str, Any]) -> bytes:
@@ -52,7 +63,7 @@ def encode_frame(message: dict[str, Any]) -> bytes:
 def _decode(body: bytes) -> dict[str, Any]:
     try:
         message = json.loads(body)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
         raise ChannelError(f"a frame is not JSON ({type(exc).__name__})") from exc
     if not isinstance(message, dict):
         raise ChannelError("a frame is not a JSON object")
@@ -73,7 +84,7 @@ async def read_frame(reader: asyncio.StreamReader, max_bytes: int) -> dict[str, 
         return None
     (size,) = _HEADER.unpack(header)
     if size > max_bytes:
-        raise ChannelError(f"a frame of {size} bytes exceeds {max_bytes} bytes")
+        raise ChannelError(f"a frame of {size} bytes exceeds {max_bytes} bytes", too_large=True)
     try:
         body = await reader.readexactly(size)
     except asyncio.IncompleteReadError as exc:

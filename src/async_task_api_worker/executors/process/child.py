@@ -32,7 +32,12 @@ from async_task_api_worker.context import (
     TaskContext,
     bind_task_fields,
 )
-from async_task_api_worker.definition import HandlerKind, TaskDefinition, read_task
+from async_task_api_worker.definition import (
+    TASK_PROCESS_ENV,
+    HandlerKind,
+    TaskDefinition,
+    read_task,
+)
 from async_task_api_worker.errors import ERROR_CODE_PATTERN, RESERVED_ERROR_CODES, TaskError
 from async_task_api_worker.executors.process.channel import ChildChannel
 from async_task_api_worker.observability.redaction import exception_type_name, safe_traceback
@@ -43,6 +48,8 @@ __all__ = ["become_subreaper", "die_with_parent", "load_handler", "serve_one"]
 #: Characters of a log message the child sends (a longer one is cut).
 MAX_LOG_CHARS: Final = 32 * 1024
 _PR_SET_PDEATHSIG: Final = 1
+# Memory set aside at import and released on a MemoryError: the answer needs some.
+_RESERVE: bytearray | None = bytearray(1 << 20)
 _PR_SET_CHILD_SUBREAPER: Final = 36
 _RECORD_ATTRIBUTES: Final = frozenset(
     logging.LogRecord("", logging.INFO, "", 0, "", None, None).__dict__
@@ -214,6 +221,8 @@ def _failure(exc: BaseException, limits: dict[str, Any]) -> dict[str, Any]:
             "retry_delay_s": retry_delay_s,
         }
     if isinstance(exc, MemoryError) and limits.get("memory_limit_bytes") is not None:
+        global _RESERVE  # noqa: PLW0603 - released once, to have room for the answer
+        _RESERVE = None
         return {
             "t": "crash",
             "message": f"the task hit its memory limit of {limits['memory_limit_bytes']} bytes",
@@ -291,6 +300,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--main-path")
     parser.add_argument("--sys-path", default="[]")
     arguments = parser.parse_args(argv)
+    os.environ[TASK_PROCESS_ENV] = "1"
     die_with_parent()
     sys.path[:0] = [p for p in json.loads(arguments.sys_path) if p not in sys.path]
     try:

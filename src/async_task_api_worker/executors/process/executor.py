@@ -39,7 +39,11 @@ from async_task_api_worker.executors.process.channel import (
     encode_frame,
     read_frame,
 )
-from async_task_api_worker.executors.process.forkserver import ForkServer, ForkServerError
+from async_task_api_worker.executors.process.forkserver import (
+    ForkServer,
+    ForkServerError,
+    HandlerLoadError,
+)
 from async_task_api_worker.executors.process.group import (
     TaskProcess,
     signal_name,
@@ -55,6 +59,8 @@ _logger = logging.getLogger("async_task_api_worker.executors.process")
 
 #: Seconds a child gets to exit once it has sent its answer, or once its channel has closed.
 EXIT_GRACE_S: Final = 5.0
+#: Seconds an answer may take to arrive once the child has exited.
+ANSWER_GRACE_S: Final = 0.5
 #: Seconds to wait for a killed child to be reaped.
 REAP_TIMEOUT_S: Final = 5.0
 #: Seconds to wait for the killed group's other processes to be reaped.
@@ -83,7 +89,8 @@ class ProcessExecutor:
         main = sys.modules.get("__main__")
         self._main_path: str | None = getattr(main, "__file__", None)
         self._fork_server: ForkServer | None = None
-        self._starting: asyncio.Lock | None = None
+        self._restarting: asyncio.Future[None] | None = None
+        self._tried = False
         self._last_start_at = -RESTART_INTERVAL_S
         self.spawned_by_fork_server = 0
         """Children forked by the fork server so far."""
@@ -96,41 +103,62 @@ class ProcessExecutor:
         return ()
 
     async def start(self) -> None:
-        """Start the fork server now (else at the first task).
+        """Start the fork server now, before the first task.
 
-        A failure is logged, and tasks are then spawned as fresh interpreters.
+        A fork server that cannot start is logged, and tasks are then spawned as fresh
+        interpreters.
+
+        Raises:
+            HandlerLoadError: a fresh interpreter cannot load the handler (its module fails to
+                import there, or the script calls ``worker.run()`` without a ``__main__``
+                guard): no task could run, so the worker does not start.
         """
-        await self._ensure_fork_server()
+        await self._start_fork_server()
 
-    async def _ensure_fork_server(self) -> ForkServer | None:
+    async def _start_fork_server(self) -> None:
+        if not self._use_fork_server:
+            return
+        self._tried = True
+        self._last_start_at = time.monotonic()
+        server = ForkServer(self._task.handler_reference, self._main_path)
+        try:
+            await server.start()
+        except HandlerLoadError:
+            raise
+        except ForkServerError as exc:
+            _logger.warning(
+                "The fork server cannot serve (%s): tasks start a fresh interpreter each, "
+                "which is slower, until it can be started again",
+                exc,
+            )
+            return
+        old, self._fork_server = self._fork_server, server
+        if old is not None:
+            await old.aclose()
+        _logger.info("Fork server ready for %s", self._task.handler_reference)
+
+    def _usable_fork_server(self) -> ForkServer | None:
+        """The fork server if it runs; else a restart in the background, never in a task's time."""
         if not self._use_fork_server:
             return None
-        if self._fork_server is not None and self._fork_server.alive:
-            return self._fork_server
-        if self._starting is None:
-            self._starting = asyncio.Lock()
-        async with self._starting:
-            if self._fork_server is not None and self._fork_server.alive:
-                return self._fork_server
-            if time.monotonic() - self._last_start_at < RESTART_INTERVAL_S:
-                return None
-            self._last_start_at = time.monotonic()
-            server = ForkServer(self._task.handler_reference, self._main_path)
-            try:
-                await server.start()
-            except ForkServerError as exc:
-                _logger.warning(
-                    "The fork server cannot serve (%s): each task now starts a fresh "
-                    "interpreter, which is slower",
-                    exc,
-                )
-                return None
-            self._fork_server = server
-            _logger.info("Fork server ready for %s", self._task.handler_reference)
+        server = self._fork_server
+        if server is not None and server.alive:
             return server
+        due = time.monotonic() - self._last_start_at >= RESTART_INTERVAL_S
+        if due and (self._restarting is None or self._restarting.done()):
+            self._restarting = asyncio.ensure_future(self._restart())
+        return None
+
+    async def _restart(self) -> None:
+        try:
+            await self._start_fork_server()
+        except HandlerLoadError as exc:
+            _logger.error("The fork server cannot load the handler any more (%s)", exc)
 
     async def _launch(self, fds: list[int]) -> TaskProcess:
-        server = await self._ensure_fork_server()
+        if self._use_fork_server and not self._tried:
+            await self._start_fork_server()  # not started by start(): the first task waits
+        server = self._usable_fork_server()
         if server is not None:
             try:
                 pid, exited = await server.spawn(fds)
@@ -210,13 +238,30 @@ class ProcessExecutor:
             stdout.start()
             stderr.start()
             conversation = asyncio.ensure_future(self._converse(ours, request, child))
+            exited = asyncio.ensure_future(_settled(child.exited))
             try:
                 done, _ = await asyncio.wait(
-                    {conversation}, timeout=max(0.0, deadline - loop.time())
+                    {conversation, exited},
+                    timeout=max(0.0, deadline - loop.time()),
+                    return_when=asyncio.FIRST_COMPLETED,
                 )
+                if exited in done and conversation not in done:
+                    # The child is gone, but a descendant may hold the channel open: its
+                    # answer, if it sent one, is already in the socket.
+                    done, _ = await asyncio.wait(
+                        {conversation}, timeout=min(ANSWER_GRACE_S, deadline - loop.time())
+                    )
+                    if not done:
+                        conversation.cancel()
+                        with contextlib.suppress(asyncio.CancelledError, Exception):
+                            await conversation
+                        output_level = logging.WARNING
+                        raise _exit_failure(child, exited.result())
             except asyncio.CancelledError:
                 conversation.cancel()
                 raise
+            finally:
+                exited.cancel()
             if not done:
                 conversation.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -267,7 +312,16 @@ class ProcessExecutor:
         reader, writer = await asyncio.open_unix_connection(sock=ours)
         try:
             answer = await self._exchange(reader, writer, request)
-        except (ChannelError, KeyError, TypeError, ValueError) as exc:
+        except ChannelError as exc:
+            child.kill()
+            if exc.too_large:
+                raise IsolatedTaskError(
+                    ErrorCode.RESULT_TOO_LARGE, f"the task's answer is too large: {exc}"
+                ) from exc
+            raise IsolatedTaskError(
+                ErrorCode.INVALID_RESULT, f"the task's process broke its result channel: {exc}"
+            ) from exc
+        except (KeyError, TypeError, ValueError, RecursionError) as exc:
             child.kill()
             raise IsolatedTaskError(
                 ErrorCode.INVALID_RESULT,
@@ -294,7 +348,7 @@ class ProcessExecutor:
                     return None
                 kind = message.get("t")
                 if kind == "progress":
-                    sink.offer(ProgressUpdate(float(message["fraction"]), message.get("payload")))
+                    sink.offer(_progress_update(message))
                 elif kind == "drop":
                     with contextlib.suppress(ValueError):
                         sink.drop(ProgressDropReason(str(message.get("reason"))))
@@ -307,25 +361,48 @@ class ProcessExecutor:
 
     async def _no_answer(self, child: TaskProcess) -> Any:
         code = await child.reap(EXIT_GRACE_S)
-        if code is None:
+        if code is None and not child.exited.done():
             child.kill()
             code = await child.reap(REAP_TIMEOUT_S)
-        if code is not None and code < 0 and not child.killed:
-            name = signal_name(code)
-            _logger.error("The task's process was killed by %s, not by the SDK", name)
-            raise IsolatedTaskError(
-                ErrorCode.WORKER_CRASHED, f"the task's process was killed by {name}"
-            )
-        raise IsolatedTaskError(
-            ErrorCode.INVALID_RESULT,
-            f"the task's process exited (code {code}) without a result",
-        )
+        raise _exit_failure(child, code)
 
     async def aclose(self) -> None:
         """Stop the fork server (the groups of its tasks are killed with it)."""
+        if self._restarting is not None and not self._restarting.done():
+            self._restarting.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._restarting
         server, self._fork_server = self._fork_server, None
         if server is not None:
             await server.aclose()
+
+
+async def _settled(exited: asyncio.Future[int]) -> int | None:
+    """The exit code, or ``None`` when it cannot be known (the fork server went away)."""
+    try:
+        return await asyncio.shield(exited)
+    except asyncio.CancelledError:
+        raise
+    except Exception:
+        return None
+
+
+def _exit_failure(child: TaskProcess, code: int | None) -> IsolatedTaskError:
+    """What a task process that ended without an answer means, from its exit code."""
+    if code is None:
+        _logger.error("The task's process was lost with its fork server")
+        return IsolatedTaskError(
+            ErrorCode.WORKER_CRASHED, "the task's process was lost (its fork server stopped)"
+        )
+    if code < 0 and not child.killed:
+        name = signal_name(code)
+        _logger.error("The task's process was killed by %s, not by the SDK", name)
+        return IsolatedTaskError(
+            ErrorCode.WORKER_CRASHED, f"the task's process was killed by {name}"
+        )
+    return IsolatedTaskError(
+        ErrorCode.INVALID_RESULT, f"the task's process exited (code {code}) without a result"
+    )
 
 
 def _outcome(answer: dict[str, Any]) -> Any:
@@ -352,17 +429,38 @@ def _outcome(answer: dict[str, Any]) -> Any:
     raise IsolatedTaskError(ErrorCode.INVALID_RESULT, "the task's process sent no valid result")
 
 
+def _progress_update(message: dict[str, Any]) -> ProgressUpdate:
+    """The update a child sent, checked again: the worker trusts no message from a child.
+
+    Raises:
+        ChannelError: not a fraction in [0, 1) with a JSON object or no payload.
+    """
+    fraction = message.get("fraction")
+    payload = message.get("payload")
+    if (
+        isinstance(fraction, bool)
+        or not isinstance(fraction, int | float)
+        or not 0.0 <= fraction < 1.0
+        or not (payload is None or isinstance(payload, dict))
+    ):
+        raise ChannelError("a progress message that breaks the rules")
+    return ProgressUpdate(float(fraction), payload)
+
+
 def _relay_log(message: dict[str, Any]) -> None:
     """Log a record the child sent, as if logged here (the task fields are bound here)."""
     name = str(message.get("name") or "root")
-    level = int(message.get("level", logging.INFO))
+    level = message.get("level", logging.INFO)
+    extra_sent = message.get("extra") or {}
+    if isinstance(level, bool) or not isinstance(level, int) or not isinstance(extra_sent, dict):
+        raise ChannelError("a log message that breaks the rules")
     logger = logging.getLogger(name)
     if not logger.isEnabledFor(level):
         return
     extra = {
-        key: value
-        for key, value in (message.get("extra") or {}).items()
-        if key not in _RESERVED_LOG_KEYS
+        str(key): value
+        for key, value in extra_sent.items()
+        if key not in _RESERVED_LOG_KEYS and not str(key).startswith("_")
     }
     record = logger.makeRecord(
         name, level, "(task process)", 0, str(message.get("msg", "")), (), None

@@ -35,7 +35,8 @@ import subprocess
 import sys
 from typing import Any, Final
 
-from async_task_api_worker.definition import TaskDefinition, read_task
+from async_task_api_worker.definition import TASK_PROCESS_ENV, TaskDefinition, read_task
+from async_task_api_worker.errors import ConfigError
 from async_task_api_worker.executors.process.child import (
     become_subreaper,
     die_with_parent,
@@ -44,14 +45,15 @@ from async_task_api_worker.executors.process.child import (
 )
 from async_task_api_worker.observability.redaction import exception_type_name
 
-__all__ = ["ForkServer", "ForkServerError"]
+__all__ = ["ForkServer", "ForkServerError", "HandlerLoadError"]
 
 _logger = logging.getLogger("async_task_api_worker.executors.process")
 
 #: Seconds the server gets to import the worker's module and say it is ready.
 START_TIMEOUT_S: Final = 120.0
-#: Seconds a fork request may take to be answered.
-SPAWN_TIMEOUT_S: Final = 10.0
+#: Seconds a fork request may take to be answered (a fork takes milliseconds; a server that
+#: needs more is stuck, and is replaced).
+SPAWN_TIMEOUT_S: Final = 2.0
 _PACKET: Final = 65536
 
 
@@ -59,10 +61,16 @@ class ForkServerError(Exception):
     """The fork server could not start, or stopped answering."""
 
 
+class HandlerLoadError(ForkServerError, ConfigError):
+    """A fresh interpreter cannot load the handler: no task process could run it."""
+
+
 # ---------------------------------------------------------------------------- the server
 
 
-def _child(fds: list[int], control: socket.socket, task: TaskDefinition) -> None:
+def _child(
+    fds: list[int], control: socket.socket, task: TaskDefinition, private: tuple[int, ...]
+) -> None:
     """In the forked child: become a session leader, wire stdout/stderr, serve, exit."""
     code = 70
     try:
@@ -72,6 +80,8 @@ def _child(fds: list[int], control: socket.socket, task: TaskDefinition) -> None
         for number in (signal.SIGCHLD, signal.SIGINT, signal.SIGTERM):
             signal.signal(number, signal.SIG_DFL)
         control.close()
+        for fd in private:  # the server's own pipe: a task must not read or hold it
+            os.close(fd)
         channel_fd, out_fd, err_fd = fds
         os.dup2(out_fd, 1)
         os.dup2(err_fd, 2)
@@ -85,6 +95,7 @@ def _child(fds: list[int], control: socket.socket, task: TaskDefinition) -> None
 def _serve(control: socket.socket, task: TaskDefinition) -> None:
     become_subreaper()
     wake_read, wake_write = os.pipe()
+    os.set_blocking(wake_read, False)
     os.set_blocking(wake_write, False)
     signal.set_wakeup_fd(wake_write)
     signal.signal(signal.SIGCHLD, lambda *_: None)  # a handler, so that the wakeup fd fires
@@ -124,7 +135,7 @@ def _serve(control: socket.socket, task: TaskDefinition) -> None:
                 pid = os.fork()
                 if pid == 0:
                     selector.close()
-                    _child(fds, control, task)
+                    _child(fds, control, task, (wake_read, wake_write))
                 for fd in fds:
                     os.close(fd)
                 children.add(pid)
@@ -134,13 +145,14 @@ def _serve(control: socket.socket, task: TaskDefinition) -> None:
         for pid in children:
             with contextlib.suppress(OSError):
                 os.killpg(pid, signal.SIGKILL)
-        with contextlib.suppress(ChildProcessError):
-            while True:
-                os.waitpid(-1, 0)
+        for pid in children:  # only ours: a process that left its group is not waited for
+            with contextlib.suppress(OSError):
+                os.waitpid(pid, 0)
 
 
 def main(arguments: list[str]) -> None:
     """Entry point: ``python -m async_task_api_worker.executors.process forkserver FD``."""
+    os.environ[TASK_PROCESS_ENV] = "1"
     # Signals sent to the worker's terminal group are the worker's business: the server ends
     # when its control socket does.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -220,8 +232,10 @@ class ForkServer:
             raise ForkServerError(f"the fork server did not start ({exc})") from exc
         if not answer.get("ready"):
             await self.aclose()
-            error = answer.get("error")
-            raise ForkServerError(f"the fork server cannot load the handler ({error})")
+            raise HandlerLoadError(
+                f"a task process cannot load the handler {self._reference} "
+                f"({answer.get('error')}): it must import in a fresh interpreter"
+            )
         self.alive = True
 
     async def spawn(self, fds: list[int]) -> tuple[int, asyncio.Future[int]]:
@@ -284,6 +298,10 @@ class ForkServer:
         if self.alive:
             _logger.warning("The fork server stopped (%s); it is started again when needed", why)
         self.alive = False
+        if self._process is not None and self._process.returncode is None:
+            # Stuck, or half dead: kill it (its task processes die with it).
+            with contextlib.suppress(ProcessLookupError):
+                self._process.kill()
         error = ForkServerError(why)
         for future in [*self._spawning.values(), *self._exits.values()]:
             if not future.done():
