@@ -157,4 +157,17 @@ def test_a_tick_with_no_new_message_still_delivers_finished_results(
     (report,) = reports(queues)
     assert (report.task_id, report.type) == ("t-done", "success")
     assert report.response == {"attempt": 1}  # type: ignore[union-attr]
-    assert list(state.iterdir()) == []
+    assert [path.name for path in state.iterdir()] == ["t-done.done"]  # the redelivery guard
+
+
+def test_a_redelivered_input_whose_report_went_out_is_acked_not_run_again(
+    queues: Queues, tmp_path: Path
+) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "t-0.done").touch()  # what the sweep left when it published t-0's report
+    submit_raw(queues, {"seconds": 0})  # the same task, delivered again
+    assert tick(queues, state).wait(timeout=60) == 0
+    queues.assert_drained(queues.in_queue)
+    assert reports(queues) == []
+    assert not list(state.glob("*.running"))

@@ -28,7 +28,7 @@ from pydantic import ValidationError
 
 from async_task_api_worker.definition import Worker
 from async_task_api_worker.detached.spawn import spawn_detached
-from async_task_api_worker.detached.state import MARKER_SUFFIX, RESULT_SUFFIX
+from async_task_api_worker.detached.state import MARKER_SUFFIX, RESULT_SUFFIX, write_atomically
 from async_task_api_worker.detached.sweep import SweepReport, sweep
 from async_task_api_worker.engine.reporting import DeliveryReporter
 from async_task_api_worker.errors import EnvelopeDecodeError, ReportEncodeError
@@ -46,6 +46,10 @@ _logger = logging.getLogger("async_task_api_worker.detached")
 IDLE_WAIT_S: Final = 1.0
 #: Seconds closing the connection may take.
 CLOSE_TIMEOUT_S: Final = 5.0
+#: A task whose terminal report went out leaves ``<task id>.done`` for this long: a redelivery
+#: of its input (a tick killed before its ack) is then acked, not run again.
+DONE_SUFFIX: Final = ".done"
+DONE_RETENTION_S: Final = 7 * 24 * 3600.0
 
 
 def margin_for(budget_s: float) -> float:
@@ -121,6 +125,7 @@ class _Tick:
             )
         if not published:
             raise RuntimeError("the broker did not confirm the report")
+        write_atomically(self.state_dir / f"{meta['task_id']}{DONE_SUFFIX}", b"")
 
     async def take(self, delivery: Delivery) -> None:
         limit = self.settings.worker_delivery_limit
@@ -149,9 +154,9 @@ class _Tick:
         task_id = envelope.task_id
         if any(
             (self.state_dir / f"{task_id}{suffix}").exists()
-            for suffix in (MARKER_SUFFIX, RESULT_SUFFIX)
+            for suffix in (MARKER_SUFFIX, RESULT_SUFFIX, DONE_SUFFIX)
         ):
-            # A redelivery of work already handed out: its marker is the receipt.
+            # A redelivery of work already handed out (its marker is the receipt) or done.
             await self.transport.ack(delivery)
             return
         if attempt > limit:
@@ -233,6 +238,7 @@ async def run_tick(
             future.result(timeout=30)
 
         tick.report.swept = await asyncio.to_thread(sweep, tick.state_dir, send)
+        _prune_done(tick.state_dir)
         deliveries = tick.transport.deliveries()
         taken = 0
         while taken < max_new and (left := ends - keep_free_s - loop.time()) > 0:
@@ -246,6 +252,14 @@ async def run_tick(
         with contextlib.suppress(Exception):
             await asyncio.wait_for(tick.transport.close(), timeout=CLOSE_TIMEOUT_S)
     return tick.report
+
+
+def _prune_done(state_dir: Path) -> None:
+    now = time.time()
+    for path in state_dir.glob(f"*{DONE_SUFFIX}"):
+        with contextlib.suppress(OSError):
+            if now - path.stat().st_mtime > DONE_RETENTION_S:
+                path.unlink()
 
 
 async def _next(deliveries: AsyncIterator[Delivery], wait_s: float) -> Delivery | None:
