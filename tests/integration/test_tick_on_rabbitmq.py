@@ -115,6 +115,7 @@ def test_a_dead_worker_is_reported_once_after_its_deadline(queues: Queues, tmp_p
     submit_raw(queues, {"seconds": 60})
     env = {"WORKER_TASK_TIMEOUT_S": "4"}
     assert tick(queues, state, **env).wait(timeout=60) == 0
+    wait_for(lambda: marker(state, "t-0").get("pid"), what="the worker's pid in its marker")
     pid = marker(state, "t-0")["pid"]
     os.kill(pid, signal.SIGKILL)
     assert tick(queues, state, **env).wait(timeout=60) == 0  # before the deadline: nothing

@@ -40,6 +40,7 @@ from async_task_api_worker.detached.state import (
     MARKER_SUFFIX,
     RESULT_SUFFIX,
     Marker,
+    claim,
     process_start_time,
     read_json,
     write_atomically,
@@ -146,14 +147,15 @@ def run_sdk_task(target: str, message: dict[str, Any]) -> dict[str, Any]:
 def _finish(state_dir: Path, correlation_id: str, marker: Marker, result: dict[str, Any]) -> None:
     """Write the result, then drop the marker; nothing if a sweep already expired the marker."""
     with _finishing:
-        marker_path = state_dir / f"{correlation_id}{MARKER_SUFFIX}"
-        if not marker_path.exists():
+        # Claimed by rename, as a sweep claims it: of the two, exactly one reports the task.
+        claimed = claim(state_dir / f"{correlation_id}{MARKER_SUFFIX}")
+        if claimed is None:
             return  # a sweep reported it already: a second outcome would contradict it
         result = {**result, "correlation_id": correlation_id, "meta": marker.meta}
         write_atomically(
             state_dir / f"{correlation_id}{RESULT_SUFFIX}", json.dumps(result).encode()
         )
-        marker_path.unlink(missing_ok=True)
+        claimed.unlink(missing_ok=True)
         with contextlib.suppress(FileNotFoundError):
             (state_dir / f"{correlation_id}{INPUT_SUFFIX}").unlink()
 
@@ -206,9 +208,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--handler", required=True)
     parser.add_argument("--sdk-worker", action="store_true")
     arguments = parser.parse_args(argv)
-    if os.fork() > 0:
-        os._exit(0)  # the launcher: its caller waits for this exit, not for the work
-    os.setsid()  # the worker leads its own group: a sweep can kill it whole, by its pid
+    if os.getpgid(0) != os.getpid():
+        os.setsid()  # the worker leads its own group: a sweep can kill it whole, by its pid
     state_dir: Path = arguments.state_dir
     correlation_id: str = arguments.correlation_id
     marker_path = state_dir / f"{correlation_id}{MARKER_SUFFIX}"

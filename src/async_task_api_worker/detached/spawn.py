@@ -30,6 +30,16 @@ from async_task_api_worker.protocol.envelope import ID_PATTERN
 
 __all__ = ["SPAWN_TIMEOUT_S", "spawn_detached"]
 
+# Forks before it imports anything heavy: the caller waits milliseconds, not an import, and a
+# kill of the caller in that window can no longer catch the worker half started.
+_LAUNCHER: Final = (
+    "import os, sys\n"
+    "if os.fork():\n"
+    "    os._exit(0)\n"
+    "os.setsid()\n"
+    "from async_task_api_worker.detached.run import main\n"
+    "main(sys.argv[1:])\n"
+)
 #: Seconds the launcher may take to fork the worker and exit.
 SPAWN_TIMEOUT_S = 30.0
 # The protocol's id rule: a file name with no path in it, and no leading dot.
@@ -79,8 +89,8 @@ def spawn_detached(
     write_atomically(state_dir / f"{correlation_id}{MARKER_SUFFIX}", marker.to_json())
     argv = [
         sys.executable,
-        "-m",
-        "async_task_api_worker.detached",
+        "-c",
+        _LAUNCHER,
         "--state-dir",
         str(state_dir.resolve()),
         "--correlation-id",

@@ -27,11 +27,13 @@ from pathlib import Path
 from typing import Any, Final
 
 __all__ = [
+    "CLAIMED",
     "INPUT_SUFFIX",
     "MARKER_SUFFIX",
     "RESULT_SUFFIX",
     "Marker",
     "boot_id",
+    "claim",
     "move_aside",
     "process_start_time",
     "read_json",
@@ -90,6 +92,21 @@ def read_json(path: Path) -> dict[str, Any]:
     return document
 
 
+# "#" is in no correlation id (the protocol's id rule), so a claimed name parses back.
+CLAIMED: Final = "#claimed-"
+
+
+def claim(path: Path) -> Path | None:
+    """Take ``path`` for oneself by renaming it (atomic): ``None`` if someone was faster."""
+    name = path.name.split(CLAIMED, 1)[0]
+    claimed = path.with_name(f"{name}{CLAIMED}{uuid.uuid4().hex}")
+    try:
+        os.rename(path, claimed)
+    except FileNotFoundError:
+        return None
+    return claimed
+
+
 def move_aside(path: Path, why: str) -> None:
     """Move an unreadable state file to ``bad/`` (kept for a human), with a log line."""
     bad = path.parent / BAD_DIR
@@ -129,7 +146,7 @@ def process_start_time(pid: int) -> int | None:
 
 
 def _utc(moment: float) -> str:
-    return datetime.fromtimestamp(moment, UTC).isoformat(timespec="seconds")
+    return datetime.fromtimestamp(moment, UTC).isoformat(timespec="milliseconds")
 
 
 @dataclass
@@ -178,7 +195,8 @@ class Marker:
                 boot_id=str(document.get("boot_id", "")),
                 meta=dict(document.get("meta") or {}),
             )
-            datetime.fromisoformat(marker.deadline_at)
+            if datetime.fromisoformat(marker.deadline_at).tzinfo is None:
+                raise ValueError("a deadline without its UTC offset")
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"not a marker ({type(exc).__name__})") from exc
         return marker

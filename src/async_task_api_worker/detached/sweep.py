@@ -13,35 +13,39 @@ import logging
 import os
 import signal
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
 from async_task_api_worker.detached.state import (
+    CLAIMED,
     INPUT_SUFFIX,
     MARKER_SUFFIX,
     RESULT_SUFFIX,
     Marker,
+    claim,
     move_aside,
     read_json,
 )
 
-__all__ = ["STALE_CLAIM_S", "SweepReport", "in_flight", "sweep"]
+__all__ = ["STALE_CLAIM_S", "SweepReport", "Undeliverable", "in_flight", "sweep"]
 
 _logger = logging.getLogger("async_task_api_worker.detached")
 
 #: A claimed file still there after this many seconds belongs to a sweep that was killed
 #: between its send and its delete: it is delivered again (a duplicate, by design).
 STALE_CLAIM_S: Final = 300.0
-_CLAIMED: Final = ".claimed-"
 
 #: The error codes of the results a sweep makes for markers past their deadline.
 WORKER_DIED: Final = "WORKER_DIED"
 TASK_TIMEOUT: Final = "TASK_TIMEOUT"
 
 SendResult = Callable[[str, dict[str, Any]], object]
+
+
+class Undeliverable(Exception):
+    """Raised by ``send_result`` for a result it can never send: the file is moved aside."""
 
 
 @dataclass
@@ -58,17 +62,8 @@ def in_flight(state_dir: Path) -> bool:
     return any(Path(state_dir).glob(f"*{MARKER_SUFFIX}"))
 
 
-def _claim(path: Path) -> Path | None:
-    claimed = path.with_name(f"{path.name}{_CLAIMED}{uuid.uuid4().hex}")
-    try:
-        os.rename(path, claimed)
-    except FileNotFoundError:
-        return None  # another sweep got it first
-    return claimed
-
-
 def _correlation_id(path: Path, suffix: str) -> str:
-    name = path.name.split(_CLAIMED, 1)[0]
+    name = path.name.split(CLAIMED, 1)[0]
     return name[: -len(suffix)]
 
 
@@ -99,34 +94,79 @@ def sweep(state_dir: Path, send_result: SendResult) -> SweepReport:
     report = SweepReport()
     if not state_dir.is_dir():
         return report
-    now = time.time()
-    results = sorted(state_dir.glob(f"*{RESULT_SUFFIX}"))
-    results += [
-        path
-        for path in sorted(state_dir.glob(f"*{RESULT_SUFFIX}{_CLAIMED}*"))
-        if now - path.stat().st_mtime > STALE_CLAIM_S
-    ]
+    results = sorted(state_dir.glob(f"*{RESULT_SUFFIX}")) + _stale(state_dir, RESULT_SUFFIX)
     for path in results:
         _deliver(state_dir, path, send_result, report)
-    for path in sorted(state_dir.glob(f"*{MARKER_SUFFIX}")):
+    markers = sorted(state_dir.glob(f"*{MARKER_SUFFIX}")) + _stale(state_dir, MARKER_SUFFIX)
+    for path in markers:
         _expire(state_dir, path, send_result, report)
+    _drop_stale_temporaries(state_dir)
     return report
 
 
+def _older_than(path: Path, age_s: float) -> bool:
+    try:
+        return time.time() - path.stat().st_mtime > age_s
+    except OSError:  # another sweep took it meanwhile
+        return False
+
+
+def _stale(state_dir: Path, suffix: str) -> list[Path]:
+    """Files claimed by a sweep (or a worker) that died before it finished with them."""
+    return [
+        path
+        for path in sorted(state_dir.glob(f"*{suffix}{CLAIMED}*"))
+        if _older_than(path, STALE_CLAIM_S)
+    ]
+
+
+def _drop_stale_temporaries(state_dir: Path) -> None:
+    for path in state_dir.glob(".*.tmp"):  # a writer killed before its rename
+        if _older_than(path, STALE_CLAIM_S):
+            path.unlink(missing_ok=True)
+
+
+def _send(
+    claimed: Path,
+    original: Path,
+    send: SendResult,
+    *,
+    correlation_id: str,
+    result: dict[str, Any],
+    report: SweepReport,
+) -> bool:
+    """Send; on failure put the file back (a later sweep sends it), or aside if undeliverable."""
+    try:
+        send(correlation_id, result)
+    except Undeliverable as exc:
+        move_aside(claimed, f"undeliverable: {exc}")
+        report.moved_aside.append(original.name)
+        return False
+    except Exception:
+        with contextlib.suppress(OSError):
+            os.rename(claimed, original)
+        raise
+    return True
+
+
 def _deliver(state_dir: Path, path: Path, send: SendResult, report: SweepReport) -> None:
-    claimed = _claim(path)
+    claimed = claim(path)
     if claimed is None:
         return
     correlation_id = _correlation_id(path, RESULT_SUFFIX)
+    original = state_dir / f"{correlation_id}{RESULT_SUFFIX}"
     try:
         result = read_json(claimed)
     except FileNotFoundError:
         return
-    except ValueError as exc:
+    except (OSError, ValueError) as exc:
         move_aside(claimed, str(exc))
         report.moved_aside.append(path.name)
         return
-    send(correlation_id, result)
+    if not _send(
+        claimed, original, send, correlation_id=correlation_id, result=result, report=report
+    ):
+        return
     claimed.unlink(missing_ok=True)
     with contextlib.suppress(FileNotFoundError):
         (state_dir / f"{correlation_id}{MARKER_SUFFIX}").unlink()
@@ -139,14 +179,15 @@ def _expire(state_dir: Path, path: Path, send: SendResult, report: SweepReport) 
         marker = Marker.from_json(read_json(path))
     except FileNotFoundError:
         return
-    except ValueError as exc:
+    except (OSError, ValueError) as exc:
         move_aside(path, str(exc))
         report.moved_aside.append(path.name)
         return
     if not marker.past_deadline:
         return  # before its deadline, a marker means nothing yet, even if its worker died
     correlation_id = marker.correlation_id
-    claimed = _claim(path)
+    original = state_dir / f"{correlation_id}{MARKER_SUFFIX}"
+    claimed = claim(path)
     if claimed is None:
         return
     if (state_dir / f"{correlation_id}{RESULT_SUFFIX}").exists():
@@ -166,15 +207,16 @@ def _expire(state_dir: Path, path: Path, send: SendResult, report: SweepReport) 
         else f"the detached worker died without a result (deadline {marker.deadline_at})"
     )
     _logger.warning("Marker %s expired: %s", correlation_id, code)
-    send(
-        correlation_id,
-        {
-            "correlation_id": correlation_id,
-            "ok": False,
-            "error": {"code": code, "message": message},
-            "meta": marker.meta,
-        },
-    )
+    result = {
+        "correlation_id": correlation_id,
+        "ok": False,
+        "error": {"code": code, "message": message},
+        "meta": marker.meta,
+    }
+    if not _send(
+        claimed, original, send, correlation_id=correlation_id, result=result, report=report
+    ):
+        return
     claimed.unlink(missing_ok=True)
     _forget(state_dir, correlation_id)
     report.expired.append(correlation_id)

@@ -29,7 +29,7 @@ from pydantic import ValidationError
 from async_task_api_worker.definition import Worker
 from async_task_api_worker.detached.spawn import spawn_detached
 from async_task_api_worker.detached.state import MARKER_SUFFIX, RESULT_SUFFIX, write_atomically
-from async_task_api_worker.detached.sweep import SweepReport, sweep
+from async_task_api_worker.detached.sweep import SweepReport, Undeliverable, sweep
 from async_task_api_worker.engine.reporting import DeliveryReporter
 from async_task_api_worker.errors import EnvelopeDecodeError, ReportEncodeError
 from async_task_api_worker.ports import Delivery
@@ -110,8 +110,13 @@ class _Tick:
             RuntimeError: the broker did not confirm it (the sweep keeps the result).
         """
         meta = result.get("meta") or {}
-        run = self.reporter(Delivery(body=b""), int(meta["attempt"]), int(meta["delivery_limit"]))
-        run.task_id, run.client_id, run.seq = meta["task_id"], meta["client_id"], 1
+        try:
+            attempt, limit = int(meta["attempt"]), int(meta["delivery_limit"])
+            task_id, client_id = str(meta["task_id"]), str(meta["client_id"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise Undeliverable(f"no task to report to ({type(exc).__name__})") from exc
+        run = self.reporter(Delivery(body=b""), attempt, limit)
+        run.task_id, run.client_id, run.seq = task_id, client_id, 1
         if result.get("ok"):
             try:
                 published = await run.publish_success(dict(result.get("response") or {}))
@@ -125,7 +130,7 @@ class _Tick:
             )
         if not published:
             raise RuntimeError("the broker did not confirm the report")
-        write_atomically(self.state_dir / f"{meta['task_id']}{DONE_SUFFIX}", b"")
+        write_atomically(self.state_dir / f"{task_id}{DONE_SUFFIX}", b"")
 
     async def take(self, delivery: Delivery) -> None:
         limit = self.settings.worker_delivery_limit

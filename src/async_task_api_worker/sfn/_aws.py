@@ -25,7 +25,10 @@ _logger = logging.getLogger("async_task_api_worker.sfn")
 
 #: botocore's standard retry mode: throttling and 5xx answers are retried with a jittered
 #: exponential backoff, up to this many attempts in all.
-_RETRIES: Final = Config(retries={"mode": "standard", "max_attempts": 5})
+#: And no call waits on a stuck endpoint for long: 5 s to connect, 10 s to read.
+_RETRIES: Final = Config(
+    retries={"mode": "standard", "max_attempts": 5}, connect_timeout=5, read_timeout=10
+)
 
 
 def make_clients(sqs: Any = None, stepfunctions: Any = None) -> tuple[Any, Any]:

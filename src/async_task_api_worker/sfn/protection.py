@@ -11,6 +11,7 @@ protection guards against an interruption, not against a wrong result. Without
 
 from __future__ import annotations
 
+import http.client
 import json
 import logging
 import os
@@ -70,7 +71,7 @@ class TaskProtection:
         try:
             with urllib.request.urlopen(request, timeout=self._timeout_s) as answer:  # noqa: S310
                 body = json.loads(answer.read() or b"{}")
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, http.client.HTTPException) as exc:
             _logger.warning(
                 "Could not %s ECS task protection (%s); going on without it",
                 what,

@@ -139,8 +139,11 @@ class Worker(Generic[RequestT]):
     ) -> None:
         if not heartbeat_interval_seconds > 0 or not math.isfinite(heartbeat_interval_seconds):
             raise ValueError("heartbeat_interval_seconds must be a positive number")
-        if not message_processing_timeout_minutes > 0:
-            raise ValueError("message_processing_timeout_minutes must be positive")
+        if not (
+            message_processing_timeout_minutes > 0
+            and math.isfinite(message_processing_timeout_minutes)
+        ):
+            raise ValueError("message_processing_timeout_minutes must be a positive number")
         self._schema = request_schema
         self._select = select_subprocess_module
         self._queue_url = sqs_queue_url
@@ -263,8 +266,9 @@ class Worker(Generic[RequestT]):
             )
 
     def _log(self, kind: type[BaseException], message: str, *args: object) -> None:
+        # The most specific registered class wins (the first in the exception's MRO).
         level = next(
-            (lvl for known, lvl in self._levels.items() if issubclass(kind, known)),
+            (self._levels[known] for known in kind.__mro__ if known in self._levels),
             logging.ERROR,
         )
         _logger.log(level, message, *args, extra={"error": kind.__name__})
@@ -286,7 +290,9 @@ class Worker(Generic[RequestT]):
         token = request.task_token
         try:
             module = self._select(request)
-        except Exception as exc:
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # SystemExit too: routing code must not end the worker
             self._log(type(exc), "No subprocess for the request: %s", type(exc).__name__)
             await self._fail(token, type(exc).__name__, str(exc))
             return
@@ -302,7 +308,8 @@ class Worker(Generic[RequestT]):
             with os.fdopen(fd, "w", encoding="utf-8", errors="surrogatepass") as request_file:
                 request_file.write(body)
             env[REQUEST_FILE_ENV] = request_path
-        stdout = OutputTail("stdout", MAX_OUTPUT_BYTES + 1)
+        # Room for whitespace around a result that is within the limit once compacted.
+        stdout = OutputTail("stdout", 4 * MAX_OUTPUT_BYTES + 1)
         stderr = OutputTail("stderr", _STDERR_TAIL_BYTES)
         stale = asyncio.Event()
         child: TaskProcess | None = None
@@ -317,6 +324,14 @@ class Worker(Generic[RequestT]):
                     stdout_fd=stdout.write_fd,
                     stderr_fd=stderr.write_fd,
                 )
+            except (OSError, ValueError) as exc:  # no such interpreter, a NUL in the module
+                self._log(SubprocessCrashError, "%s could not be started", module)
+                await self._fail(
+                    token,
+                    SubprocessCrashError.__name__,
+                    f"the subprocess could not be started ({type(exc).__name__})",
+                )
+                return
             finally:
                 stdout.close_write_end()
                 stderr.close_write_end()
@@ -363,21 +378,35 @@ class Worker(Generic[RequestT]):
             self._log(SubprocessCrashError, "%s was killed by %s", module, name)
             await self._fail(token, SubprocessCrashError.__name__, f"killed by {name}")
             return
-        if stdout.total > MAX_OUTPUT_BYTES:
+        text = stdout.data.decode("utf-8", "replace")
+        if code == 0 and stdout.total <= 4 * MAX_OUTPUT_BYTES:
+            output = _strict_object(text)
+            compact = None
+            if output is not None:
+                with contextlib.suppress(ValueError):  # 1e400 parses to inf: not JSON
+                    compact = json.dumps(
+                        output, ensure_ascii=False, separators=(",", ":"), allow_nan=False
+                    )
+            if compact is not None and len(compact.encode()) <= MAX_OUTPUT_BYTES:
+                await self._succeed(token, compact)
+                return
+            if compact is not None:
+                size = len(compact.encode())
+                self._log(SubprocessOutputTooLarge, "%s's result is %d bytes", module, size)
+                await self._fail(
+                    token,
+                    SubprocessOutputTooLarge.__name__,
+                    f"the result is {size} bytes; Step Functions takes {MAX_OUTPUT_BYTES}",
+                )
+                return
+        elif code == 0:
             self._log(SubprocessOutputTooLarge, "%s wrote %d bytes", module, stdout.total)
             await self._fail(
                 token,
                 SubprocessOutputTooLarge.__name__,
-                f"the result is {stdout.total} bytes; Step Functions takes {MAX_OUTPUT_BYTES}",
+                f"the result is over {MAX_OUTPUT_BYTES} bytes",
             )
             return
-        text = stdout.data.decode("utf-8", "replace")
-        if code == 0:
-            output = _strict_object(text)
-            if output is not None:
-                compact = json.dumps(output, ensure_ascii=False, separators=(",", ":"))
-                await self._succeed(token, compact)
-                return
         elif code == 1:
             document = _strict_object(text)
             try:

@@ -202,3 +202,37 @@ def test_a_correlation_id_must_be_a_safe_file_name(tmp_path: Path, bad: str) -> 
     with pytest.raises(ValueError, match="not a safe file name"):
         spawn_detached(tmp_path, bad, {}, handler=f"{HANDLERS}:quick", deadline_s=1)
     assert not any(tmp_path.iterdir())
+
+
+def test_a_result_or_marker_whose_send_fails_is_sent_by_a_later_sweep(tmp_path: Path) -> None:
+    from async_task_api_worker.detached.sweep import Undeliverable
+
+    state = tmp_path / "state"
+    state.mkdir()
+    write_atomically(state / "r.json", json.dumps({"ok": True, "response": {}}).encode())
+    write_atomically(state / "m.running", Marker.new("m", -1, {}).to_json())
+    write_atomically(state / "a.json", json.dumps({"ok": True}).encode())  # swept first
+
+    def broken(correlation_id: str, result: dict[str, Any]) -> None:
+        if correlation_id == "a":
+            raise Undeliverable("no task")
+        raise ConnectionError("the broker is down")
+
+    with pytest.raises(ConnectionError):
+        sweep(state, broken)
+    with pytest.raises(ConnectionError):
+        sweep(state, broken)
+    assert [path.name for path in (state / "bad").iterdir()][0].startswith("a.json")
+    inbox = Inbox()
+    sweep(state, inbox)
+    assert sorted(correlation_id for correlation_id, _ in inbox.sent) == ["m", "r"]
+
+
+def test_a_marker_with_a_deadline_without_offset_is_moved_aside(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    marker = json.loads(Marker.new("n", -1, {}).to_json())
+    marker["deadline_at"] = "2020-01-01T00:00:00"
+    (state / "n.running").write_text(json.dumps(marker))
+    report = sweep(state, Inbox())
+    assert report.moved_aside == ["n.running"]

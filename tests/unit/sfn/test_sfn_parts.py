@@ -223,3 +223,73 @@ async def test_protection_covers_the_budget_and_is_renewed_on_long_messages(
     await worker.handle_message({"Body": "{}", "ReceiptHandle": "r"})
     assert renewed.is_set()
     assert protection.states[0] is True and protection.states[-1] is False
+
+
+class Routed(WorkerRequest):
+    pass
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.failures: list[tuple[str, str]] = []
+
+    def send_task_failure(self, taskToken: str, error: str, cause: str) -> None:
+        self.failures.append((error, cause))
+
+    def delete_message(self, **kwargs: object) -> None:
+        return None
+
+
+async def test_routing_code_raising_even_systemexit_fails_the_task_not_the_worker() -> None:
+    recorder = Recorder()
+
+    def select(request: Routed) -> str:
+        raise SystemExit(3)
+
+    worker: Worker[Routed] = Worker(
+        request_schema=Routed,
+        select_subprocess_module=select,
+        sqs_queue_url="q",
+        sqs_client=recorder,
+        stepfunctions_client=recorder,
+        protection=TaskProtection(""),
+    )
+    await worker.handle_message({"Body": json.dumps({"task_token": "t"}), "ReceiptHandle": "r"})
+    assert recorder.failures == [("SystemExit", "3")]
+
+
+def test_the_most_specific_registered_class_sets_the_level(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    class Rejected(Exception):
+        pass
+
+    worker: Worker[Routed] = Worker(
+        request_schema=Routed,
+        select_subprocess_module=lambda request: "x",
+        sqs_queue_url="q",
+        exception_levels={Exception: logging.DEBUG, Rejected: logging.CRITICAL},
+    )
+    caplog.set_level(logging.DEBUG)
+    worker._log(Rejected, "rejected")
+    assert caplog.records[-1].levelno == logging.CRITICAL
+
+
+def test_a_garbled_agent_answer_is_tolerated() -> None:
+    import socket
+    import threading
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+
+    def answer() -> None:
+        connection, _ = server.accept()
+        connection.recv(65536)
+        connection.sendall(b"garbage without a status line\r\n\r\n")
+        connection.close()
+
+    threading.Thread(target=answer, daemon=True).start()
+    protection = TaskProtection(f"http://127.0.0.1:{server.getsockname()[1]}")
+    assert protection.enable(5) is False
+    server.close()

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
+import os
 import sys
+from collections.abc import Coroutine
 from pathlib import Path
+from typing import Any, TypeVar
 
 from async_task_api_worker.cli.loading import load_worker
 from async_task_api_worker.detached.tick import run_tick
@@ -15,6 +19,37 @@ from async_task_api_worker.runtime.entry import prepare
 from async_task_api_worker.runtime.exit_codes import ExitCode
 
 __all__ = ["tick_command"]
+
+T = TypeVar("T")
+
+
+def _check_writable(state_dir: Path) -> None:
+    try:
+        state_dir.mkdir(parents=True, exist_ok=True)
+        probe = state_dir / f".probe-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise SettingsError(
+            f"--state-dir {state_dir}: cannot write there ({exc.strerror or type(exc).__name__})"
+        ) from exc
+
+
+def _run_bounded(work: Coroutine[Any, Any, T], limit_s: float) -> T:
+    """Run ``work`` within ``limit_s``: the tick's budget is a hard bound.
+
+    What the work leaves running (a client library's reconnect loop) is cancelled and
+    abandoned, never waited for.
+    """
+    loop = asyncio.new_event_loop()
+    try:
+        return loop.run_until_complete(asyncio.wait_for(work, timeout=limit_s))
+    finally:
+        for task in asyncio.all_tasks(loop):
+            task.cancel()
+        with contextlib.suppress(Exception):
+            loop.run_until_complete(asyncio.sleep(0.05))
+        loop.close()
 
 
 def tick_command(target: str, *, state_dir: str, budget_s: float, max_new: int) -> int:
@@ -29,12 +64,15 @@ def tick_command(target: str, *, state_dir: str, budget_s: float, max_new: int) 
         raise SettingsError("--max-new must be 0 or more")
     worker = load_worker(target)
     settings = prepare(worker)
+    _check_writable(Path(state_dir))
     configure_logging(settings.log_level)
+    tick = run_tick(worker, target, settings, Path(state_dir), budget_s=budget_s, max_new=max_new)
     try:
-        report = asyncio.run(
-            run_tick(worker, target, settings, Path(state_dir), budget_s=budget_s, max_new=max_new)
-        )
-    except (BrokerUnavailableError, TimeoutError) as exc:
+        report = _run_bounded(tick, budget_s)
+    except TimeoutError:
+        print(f"async-task-api-worker: the tick ran out of its {budget_s:g} s", file=sys.stderr)
+        return ExitCode.FAILURE
+    except BrokerUnavailableError as exc:
         print(f"async-task-api-worker: the broker could not be used ({exc})", file=sys.stderr)
         return ExitCode.FAILURE
     print(
