@@ -222,7 +222,7 @@ def test_a_result_or_marker_whose_send_fails_is_sent_by_a_later_sweep(tmp_path: 
         sweep(state, broken)
     with pytest.raises(ConnectionError):
         sweep(state, broken)
-    assert [path.name for path in (state / "bad").iterdir()][0].startswith("a.json")
+    assert next(path.name for path in (state / "bad").iterdir()).startswith("a.json")
     inbox = Inbox()
     sweep(state, inbox)
     assert sorted(correlation_id for correlation_id, _ in inbox.sent) == ["m", "r"]
