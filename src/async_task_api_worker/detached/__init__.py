@@ -15,6 +15,6 @@ Kubernetes Job, a handler that must return in seconds):
 
 from async_task_api_worker.detached.spawn import spawn_detached
 from async_task_api_worker.detached.state import Marker
-from async_task_api_worker.detached.sweep import SweepReport, in_flight, sweep
+from async_task_api_worker.detached.sweep import SweepReport, Undeliverable, in_flight, sweep
 
-__all__ = ["Marker", "SweepReport", "in_flight", "spawn_detached", "sweep"]
+__all__ = ["Marker", "SweepReport", "Undeliverable", "in_flight", "spawn_detached", "sweep"]

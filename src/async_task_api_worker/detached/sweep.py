@@ -80,9 +80,10 @@ def sweep(state_dir: Path, send_result: SendResult) -> SweepReport:
 
     Args:
         state_dir: the state directory.
-        send_result: ``send_result(correlation_id, result)``; a result is removed only after it
-            returns. If it raises, the result stays (claimed) and is sent again by a later
-            sweep once :data:`STALE_CLAIM_S` has passed.
+        send_result: ``send_result(correlation_id, result)``; a file is removed only after it
+            returns. If it raises, the file is put back, the sweep stops and the exception
+            propagates (a later sweep sends it); if it raises :class:`Undeliverable`, the file
+            is moved to ``bad/`` and the sweep goes on.
 
     Returns:
         What was delivered, expired and moved aside.

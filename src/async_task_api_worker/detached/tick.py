@@ -31,7 +31,11 @@ from async_task_api_worker.detached.spawn import spawn_detached
 from async_task_api_worker.detached.state import MARKER_SUFFIX, RESULT_SUFFIX, write_atomically
 from async_task_api_worker.detached.sweep import SweepReport, Undeliverable, sweep
 from async_task_api_worker.engine.reporting import DeliveryReporter
-from async_task_api_worker.errors import EnvelopeDecodeError, ReportEncodeError
+from async_task_api_worker.errors import (
+    BrokerUnavailableError,
+    EnvelopeDecodeError,
+    ReportEncodeError,
+)
 from async_task_api_worker.ports import Delivery
 from async_task_api_worker.protocol.codes import ErrorCode, PoisonReason
 from async_task_api_worker.protocol.envelope import decode_envelope, describe_validation_error
@@ -235,7 +239,14 @@ async def run_tick(
     ends = loop.time() + budget_s
     keep_free_s = margin_for(budget_s) if margin_s is None else margin_s
     tick = _Tick(worker, target, settings, Path(state_dir))
-    await asyncio.wait_for(tick.transport.connect(), timeout=max(1.0, min(10.0, budget_s / 3)))
+    connect_s = max(1.0, min(10.0, budget_s / 3))
+    try:
+        await asyncio.wait_for(tick.transport.connect(), timeout=connect_s)
+    except TimeoutError:
+        raise BrokerUnavailableError(
+            f"the broker did not answer within {connect_s:g} s (a third of the budget, 10 s "
+            "at most)"
+        ) from None
     try:
 
         def send(correlation_id: str, result: dict[str, Any]) -> None:

@@ -88,8 +88,12 @@ def run_handler(request_schema: type[RequestT], handler: Callable[[RequestT], An
             result = asyncio.run(_awaited(result))
         data = _result_json(result)
     except BaseException as exc:
-        traceback.print_exc()
-        message = _describe(exc) if isinstance(exc, ValidationError) else str(exc)
+        if isinstance(exc, ValidationError):
+            message = _describe(exc)  # pydantic's own text and traceback quote the values
+            print(f"ValidationError: {message}", file=sys.stderr)
+        else:
+            traceback.print_exc()
+            message = str(exc)
         envelope = ErrorOutput(error=type(exc).__name__, message=message)
         sys.stdout.flush()
         sys.stderr.flush()

@@ -6,6 +6,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -236,3 +237,26 @@ def test_a_marker_with_a_deadline_without_offset_is_moved_aside(tmp_path: Path) 
     (state / "n.running").write_text(json.dumps(marker))
     report = sweep(state, Inbox())
     assert report.moved_aside == ["n.running"]
+
+
+def test_a_tick_without_a_broker_exits_1_saying_why(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "async_task_api_worker",
+            "tick",
+            "tests.integration.workers:sleeping",
+            "--state-dir",
+            str(tmp_path),
+            "--budget-s",
+            "6",
+        ],
+        env={**os.environ, "BROKER_URL": "amqp://guest:guest@127.0.0.1:1/"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 1
+    assert "the broker did not answer within 2 s" in done.stderr

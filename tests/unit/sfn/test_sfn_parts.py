@@ -150,6 +150,7 @@ def test_run_handler_reads_the_file_keeps_prints_off_and_is_strict(tmp_path: Pat
     envelope = json.loads(invalid.stdout)
     assert (invalid.returncode, envelope["error"]) == (1, "ValidationError")
     assert "SECRET" not in envelope["message"] and "size" in envelope["message"]
+    assert "SECRET" not in invalid.stderr and "'t'" not in invalid.stderr  # nor the token
 
 
 def test_importing_without_boto3_says_how_to_install() -> None:
