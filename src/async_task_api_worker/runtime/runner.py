@@ -309,7 +309,7 @@ class Runner:
         grace_ends = (self._requested_at or loop.time()) + self._settings.worker_shutdown_grace_s
         if self._in_flight and not self._grace_over.is_set():
             _logger.info(
-                "Waiting up to %g s for the in-flight tasks (%d)",
+                "Waiting up to %.1f s for the in-flight tasks (%d)",
                 max(0.0, grace_ends - loop.time()),
                 len(self._in_flight),
             )

@@ -137,6 +137,8 @@ class Worker(Generic[RequestT]):
         poll_wait_seconds: int = 5,
         python: str = sys.executable,
     ) -> None:
+        if not sqs_queue_url:
+            raise ValueError("sqs_queue_url is empty")
         if not heartbeat_interval_seconds > 0 or not math.isfinite(heartbeat_interval_seconds):
             raise ValueError("heartbeat_interval_seconds must be a positive number")
         if not (

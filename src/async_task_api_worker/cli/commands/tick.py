@@ -77,7 +77,8 @@ def tick_command(target: str, *, state_dir: str, budget_s: float, max_new: int) 
         return ExitCode.FAILURE
     print(
         f"tick: {len(report.swept.delivered)} results delivered, "
-        f"{len(report.swept.expired)} expired, {len(report.spawned)} started",
+        f"{len(report.swept.expired)} expired, {len(report.spawned)} started, "
+        f"{len(report.concluded)} concluded at once",
         file=sys.stderr,
     )
     return ExitCode.OK
