@@ -63,10 +63,11 @@ async def test_a_retryable_error_is_redelivered_until_the_limit_then_concluded(
     assert calls(markers, task_id) == [1, 2, 3, 4, 5]
     assert isinstance(reports[-1], FailureReport)
     assert (reports[-1].error.code, reports[-1].attempt) == ("UPSTREAM_DOWN", 5)
+    # The last decision line follows the settle, after the report the client already has.
+    worker.wait_for_log("outcome=failure action=conclude code=UPSTREAM_DOWN attempt=5/5")
     log = worker.log()
     for attempt in range(1, 5):
         assert f"outcome=retry action=nack-requeue code=UPSTREAM_DOWN attempt={attempt}/5" in log
-    assert "outcome=failure action=conclude code=UPSTREAM_DOWN attempt=5/5" in log
     queues.assert_drained(queues.in_queue)
 
 
