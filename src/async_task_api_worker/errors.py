@@ -135,6 +135,24 @@ class TaskError(AsyncTaskWorkerError):
         super().__init__(f"{self.task_code}: {self.message}")
 
 
+def is_well_formed(error: TaskError) -> bool:
+    """Whether a handler's error still carries a usable code, message and retry delay.
+
+    A subclass that skipped ``super().__init__``, or a code changed after construction, would
+    otherwise put an invalid report on the wire; such an error is an ``INTERNAL_ERROR``
+    instead (docs/protocol.md, "Error codes").
+    """
+    code = getattr(error, "task_code", None)
+    delay = getattr(error, "retry_delay_s", None)
+    return (
+        isinstance(code, str)
+        and ERROR_CODE_PATTERN.fullmatch(code) is not None
+        and code not in RESERVED_ERROR_CODES
+        and isinstance(getattr(error, "message", None), str)
+        and (delay is None or (isinstance(delay, float) and 0 <= delay < float("inf")))
+    )
+
+
 class FatalError(TaskError):
     """Fail the task now: one ``failure`` report with ``code`` and ``message``, input acked.
 

@@ -45,7 +45,7 @@ from async_task_api_worker.detached.state import (
     read_json,
     write_atomically,
 )
-from async_task_api_worker.errors import TaskError
+from async_task_api_worker.errors import TaskError, is_well_formed
 from async_task_api_worker.observability.redaction import exception_type_name, safe_traceback
 from async_task_api_worker.protocol.envelope import InputRef, describe_validation_error
 from async_task_api_worker.targets import load_worker
@@ -85,7 +85,7 @@ def _failure(code: str, message: str) -> dict[str, Any]:
 
 
 def _error_of(exc: BaseException) -> dict[str, Any]:
-    if isinstance(exc, TaskError) and isinstance(getattr(exc, "task_code", None), str):
+    if isinstance(exc, TaskError) and is_well_formed(exc):
         return _failure(exc.task_code, exc.message)
     # The message is not published (it may hold anything); the log gets type and frames.
     print(f"{exception_type_name(exc)}\n{safe_traceback(exc)}", file=sys.stderr)

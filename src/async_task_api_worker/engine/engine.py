@@ -30,8 +30,6 @@ from async_task_api_worker.engine.execution import Raised, Returned, Stopped, St
 from async_task_api_worker.engine.progress import ProgressThrottle
 from async_task_api_worker.engine.reporting import DeliveryReporter
 from async_task_api_worker.errors import (
-    ERROR_CODE_PATTERN,
-    RESERVED_ERROR_CODES,
     EnvelopeDecodeError,
     IsolatedTaskError,
     ReportEncodeError,
@@ -39,6 +37,7 @@ from async_task_api_worker.errors import (
     SettleError,
     TaskError,
     TaskTimeoutError,
+    is_well_formed,
 )
 from async_task_api_worker.observability.redaction import exception_type_name, safe_traceback
 from async_task_api_worker.ports import (
@@ -90,23 +89,6 @@ _PUBLISH_FAILED = _Verdict(Outcome.PUBLISH_FAILED, Action.NACK_REQUEUE, counted=
 
 
 _RECEIVED = DeliveryReceived()
-
-
-def _is_well_formed(error: TaskError) -> bool:
-    """Whether a handler's error still carries a usable code and message.
-
-    A subclass that skipped ``super().__init__`` or a code changed after construction would
-    otherwise put an invalid report on the wire; such an error is an INTERNAL_ERROR instead.
-    """
-    code = getattr(error, "task_code", None)
-    delay = getattr(error, "retry_delay_s", None)
-    return (
-        isinstance(code, str)
-        and ERROR_CODE_PATTERN.fullmatch(code) is not None
-        and code not in RESERVED_ERROR_CODES
-        and isinstance(getattr(error, "message", None), str)
-        and (delay is None or (isinstance(delay, float) and 0 <= delay < float("inf")))
-    )
 
 
 def retry_backoff_s(
@@ -324,7 +306,7 @@ class Engine:
         if isinstance(result, Returned):
             return await self._succeed(run, result.value)
         error = result.error
-        if isinstance(error, TaskError) and _is_well_formed(error):
+        if isinstance(error, TaskError) and is_well_formed(error):
             if isinstance(error, RetryableError):
                 return await self._retry_or_fail(run, error, stop)
             return await self._fail(run, error.task_code, error.message)

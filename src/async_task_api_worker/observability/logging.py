@@ -28,13 +28,20 @@ from typing import IO, Any, Final
 
 from async_task_api_worker.context import current_task_fields
 
-__all__ = ["JsonFormatter", "TaskContextFilter", "configure_logging", "redact_secrets"]
+__all__ = [
+    "RECORD_ATTRIBUTES",
+    "JsonFormatter",
+    "TaskContextFilter",
+    "configure_logging",
+    "json_scalar",
+    "redact_secrets",
+]
 
 #: The task fields, in the order they appear in a line.
 TASK_FIELDS: Final = ("task_id", "service", "attempt")
 
-# Every attribute a plain LogRecord has: anything else on a record came from ``extra``.
-_RECORD_ATTRIBUTES: Final = frozenset(
+#: Every attribute a plain LogRecord has: anything else on a record came from ``extra``.
+RECORD_ATTRIBUTES: Final = frozenset(
     logging.LogRecord("", logging.INFO, "", 0, "", None, None).__dict__
 ) | {"message", "asctime", "taskName"}
 
@@ -116,7 +123,7 @@ def _cut(text: str, limit: int) -> str:
     return f"{text[:limit]}... ({len(text) - limit} more characters)"
 
 
-def _scalar(value: Any) -> Any:
+def json_scalar(value: Any) -> Any:
     """A JSON-safe value for a field: never raises, never ``NaN``, never huge."""
     if value is None or isinstance(value, bool):
         return value
@@ -170,11 +177,11 @@ class JsonFormatter(logging.Formatter):
         for name in TASK_FIELDS:
             value = getattr(record, name, None)
             if value is not None:
-                line[name] = _scalar(value)
+                line[name] = json_scalar(value)
         for name, value in record.__dict__.items():
-            if value is None or name in _RECORD_ATTRIBUTES or name in line or name.startswith("_"):
+            if value is None or name in RECORD_ATTRIBUTES or name in line or name.startswith("_"):
                 continue
-            line[name] = _scalar(value)
+            line[name] = json_scalar(value)
         exc = record.exc_text
         if record.exc_info and record.exc_info[1] is not None:
             try:

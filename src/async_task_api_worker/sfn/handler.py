@@ -21,7 +21,7 @@ from typing import Any, Final, NoReturn, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from async_task_api_worker.sfn.request import ErrorOutput, WorkerRequest
+from async_task_api_worker.sfn.request import ErrorOutput, WorkerRequest, describe_validation_error
 
 __all__ = ["REQUEST_ENV", "REQUEST_FILE_ENV", "run_handler"]
 
@@ -39,15 +39,6 @@ def _read_request() -> str:
         with open(path, encoding="utf-8") as request_file:
             return request_file.read()
     return os.environ[REQUEST_ENV]
-
-
-def _describe(exc: ValidationError) -> str:
-    """Field names and error types only: never the request's values."""
-    parts = []
-    for error in exc.errors(include_url=False, include_input=False, include_context=False):
-        where = ".".join(str(part) for part in error["loc"]) or "(request)"
-        parts.append(f"{where}: {error['type']}")
-    return "invalid request: " + "; ".join(parts)
 
 
 def _result_json(result: Any) -> str:
@@ -89,7 +80,8 @@ def run_handler(request_schema: type[RequestT], handler: Callable[[RequestT], An
         data = _result_json(result)
     except BaseException as exc:
         if isinstance(exc, ValidationError):
-            message = _describe(exc)  # pydantic's own text and traceback quote the values
+            # Pydantic's own text and traceback quote the values: only names and types here.
+            message = f"invalid request: {describe_validation_error(exc)}"
             print(f"ValidationError: {message}", file=sys.stderr)
         else:
             traceback.print_exc()

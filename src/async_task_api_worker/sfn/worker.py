@@ -42,7 +42,11 @@ from async_task_api_worker.sfn.errors import (
 )
 from async_task_api_worker.sfn.handler import REQUEST_ENV, REQUEST_FILE_ENV
 from async_task_api_worker.sfn.protection import MAX_EXPIRES_IN_MINUTES, TaskProtection
-from async_task_api_worker.sfn.request import ErrorOutput, WorkerRequest
+from async_task_api_worker.sfn.request import (
+    ErrorOutput,
+    WorkerRequest,
+    describe_validation_error,
+)
 
 __all__ = ["MAX_OUTPUT_BYTES", "Worker"]
 
@@ -78,14 +82,6 @@ def _token_of(body: str) -> str | None:
         return None
     token = document.get("task_token") if isinstance(document, dict) else None
     return token if isinstance(token, str) and token.strip() else None
-
-
-def _describe(exc: ValidationError) -> str:
-    errors = exc.errors(include_url=False, include_input=False, include_context=False)
-    return "; ".join(
-        f"{'.'.join(str(part) for part in error['loc']) or '(body)'}: {error['type']}"
-        for error in errors
-    )
 
 
 def _strict_object(text: str) -> dict[str, Any] | None:
@@ -283,11 +279,11 @@ class Worker(Generic[RequestT]):
             self._log(
                 MalformedMessage,
                 "Malformed message (%s); %s",
-                _describe(exc),
+                describe_validation_error(exc),
                 "failing its task" if token else "no task token to report to",
             )
             if token:
-                await self._fail(token, MalformedMessage.__name__, _describe(exc))
+                await self._fail(token, MalformedMessage.__name__, describe_validation_error(exc))
             return
         token = request.task_token
         try:

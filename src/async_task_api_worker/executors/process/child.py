@@ -38,8 +38,9 @@ from async_task_api_worker.definition import (
     TaskDefinition,
     read_task,
 )
-from async_task_api_worker.errors import ERROR_CODE_PATTERN, RESERVED_ERROR_CODES, TaskError
+from async_task_api_worker.errors import TaskError, is_well_formed
 from async_task_api_worker.executors.process.channel import ChildChannel
+from async_task_api_worker.observability.logging import RECORD_ATTRIBUTES, json_scalar
 from async_task_api_worker.observability.redaction import exception_type_name, safe_traceback
 from async_task_api_worker.protocol.envelope import InputRef, describe_validation_error
 
@@ -51,9 +52,6 @@ _PR_SET_PDEATHSIG: Final = 1
 # Memory set aside at import and released on a MemoryError: the answer needs some.
 _RESERVE: bytearray | None = bytearray(1 << 20)
 _PR_SET_CHILD_SUBREAPER: Final = 36
-_RECORD_ATTRIBUTES: Final = frozenset(
-    logging.LogRecord("", logging.INFO, "", 0, "", None, None).__dict__
-) | {"message", "asctime", "taskName"}
 
 
 def load_handler(reference: str, main_path: str | None = None) -> Callable[..., Any]:
@@ -123,12 +121,6 @@ class _ChannelSink:
             self._channel.send({"t": "drop", "reason": reason.value})
 
 
-def _scalar(value: Any) -> Any:
-    if value is None or isinstance(value, bool | int | float | str):
-        return value
-    return str(value)
-
-
 class _ChannelLogHandler(logging.Handler):
     """Sends each record to the worker, which logs it in its own format with the task fields."""
 
@@ -139,9 +131,9 @@ class _ChannelLogHandler(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         try:
             extra = {
-                name: _scalar(value)
+                name: json_scalar(value)
                 for name, value in record.__dict__.items()
-                if name not in _RECORD_ATTRIBUTES and not name.startswith("_")
+                if name not in RECORD_ATTRIBUTES and not name.startswith("_")
             }
             exc = None
             if record.exc_info and record.exc_info[1] is not None:
@@ -180,16 +172,6 @@ def _apply_limits(limits: dict[str, Any]) -> None:
         resource.setrlimit(resource.RLIMIT_CPU, (seconds, seconds + 1))
 
 
-def _well_formed(error: TaskError) -> bool:
-    code = getattr(error, "task_code", None)
-    return (
-        isinstance(code, str)
-        and ERROR_CODE_PATTERN.fullmatch(code) is not None
-        and code not in RESERVED_ERROR_CODES
-        and isinstance(getattr(error, "message", None), str)
-    )
-
-
 def _answer(task: TaskDefinition, value: Any) -> dict[str, Any]:
     output = task.output_model
     try:
@@ -211,7 +193,7 @@ def _answer(task: TaskDefinition, value: Any) -> dict[str, Any]:
 
 
 def _failure(exc: BaseException, limits: dict[str, Any]) -> dict[str, Any]:
-    if isinstance(exc, TaskError) and _well_formed(exc):
+    if isinstance(exc, TaskError) and is_well_formed(exc):
         retry_delay_s = getattr(exc, "retry_delay_s", None)
         return {
             "t": "error",
