@@ -2,7 +2,8 @@
 
 Consume with manual acks (prefetch ``PREFETCH``), decode the envelope, count the words, publish
 ``started`` then ``success`` (each awaiting its publisher confirm), then ack. Run as
-``python -m bench.baseline`` with ``BROKER_URL``, ``IN_QUEUE_NAME`` and ``OUT_QUEUE_NAME``.
+``python -m bench.baseline`` with ``BROKER_URL``, ``IN_QUEUE_NAME`` and ``OUT_QUEUE_NAME``;
+``python -m bench.baseline uvloop`` runs the same loop on uvloop.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import asyncio
 import json
 import os
 import signal
+import sys
 from datetime import UTC, datetime
 
 import aio_pika
@@ -62,4 +64,10 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    if sys.argv[1:] == ["uvloop"]:
+        import uvloop
+
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            runner.run(main())
+    else:
+        asyncio.run(main())

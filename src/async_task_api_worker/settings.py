@@ -18,6 +18,7 @@ from async_task_api_worker.errors import SettingsError, TimeBudgetError
 
 __all__ = [
     "CONSUMER_TIMEOUT_MARGIN_S",
+    "EventLoopKind",
     "LogLevel",
     "WorkerMode",
     "WorkerSettings",
@@ -39,6 +40,16 @@ class WorkerMode(StrEnum):
 
     SERVICE = "service"
     JOB = "job"
+
+
+class EventLoopKind(StrEnum):
+    """The event loop a worker process runs on (``WORKER_EVENT_LOOP``)."""
+
+    #: uvloop when it is installed (the ``uvloop`` extra), else asyncio's own.
+    AUTO = "auto"
+    ASYNCIO = "asyncio"
+    #: uvloop, which must be installed; a missing one is a configuration error (exit 2).
+    UVLOOP = "uvloop"
 
 
 class LogLevel(StrEnum):
@@ -91,6 +102,8 @@ class WorkerSettings(BaseSettings):
     """Cap of every retry backoff, in seconds (``retry_delay_s`` included)."""
     worker_progress_min_interval_s: NonNegativeSeconds = 1.0
     """At most one ``progress`` report per this many seconds per task."""
+    worker_event_loop: EventLoopKind = EventLoopKind.AUTO
+    """``auto`` (uvloop if installed), ``asyncio`` or ``uvloop`` (docs/benchmarks.md)."""
 
     # --- lifecycle ----------------------------------------------------------------------------
     worker_shutdown_grace_s: NonNegativeSeconds = 25.0

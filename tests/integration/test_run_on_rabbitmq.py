@@ -7,6 +7,8 @@ import signal
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from async_task_api_worker.client import AnyReport, TaskClient
 from async_task_api_worker.protocol import FailureReport, SuccessReport
 from tests.integration.conftest import Queues, rabbitmqctl, wait_for
@@ -24,8 +26,14 @@ def calls(markers: Path, task_id: str) -> list[int]:
     return sorted(int(path.name.split(".")[1]) for path in markers.glob(f"{task_id}.*"))
 
 
-async def test_run_processes_submitted_tasks_in_order(queues: Queues, start_worker: Any) -> None:
-    start_worker("examples.count_words:worker", queues.env())
+@pytest.mark.parametrize("event_loop", ["asyncio", "uvloop"])
+async def test_run_processes_submitted_tasks_in_order(
+    queues: Queues, start_worker: Any, event_loop: str
+) -> None:
+    if event_loop == "uvloop":
+        pytest.importorskip("uvloop")
+    worker = start_worker("examples.count_words:worker", queues.env(WORKER_EVENT_LOOP=event_loop))
+    assert f"Event loop: {event_loop} " in worker.log()
     async with queues.client("count-words") as client:
         task_id = await client.submit({"text": "hello big world"})
         reports = await collect(client, task_id)

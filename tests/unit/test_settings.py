@@ -6,6 +6,7 @@ import pytest
 
 from async_task_api_worker.errors import SettingsError, TimeBudgetError
 from async_task_api_worker.settings import (
+    EventLoopKind,
     LogLevel,
     WorkerMode,
     WorkerSettings,
@@ -33,6 +34,7 @@ def test_defaults_match_the_documented_table() -> None:
     assert settings.worker_max_message_bytes == 16 * 1024 * 1024
     assert (settings.health_check_host, settings.health_check_port) == ("0.0.0.0", 8083)
     assert settings.log_level is LogLevel.INFO
+    assert settings.worker_event_loop is EventLoopKind.AUTO
 
 
 def test_every_setting_is_read_from_its_upper_case_variable(
@@ -45,6 +47,7 @@ def test_every_setting_is_read_from_its_upper_case_variable(
     monkeypatch.setenv("WORKER_CONCURRENCY", "4")
     monkeypatch.setenv("WORKER_TASK_TIMEOUT_S", "12.5")
     monkeypatch.setenv("LOG_LEVEL", "DEBUG")
+    monkeypatch.setenv("WORKER_EVENT_LOOP", "asyncio")
     settings = load_settings()
     assert settings.broker_url.get_secret_value() == "amqp://u:p@broker:5672/vh"
     assert (settings.in_queue("svc"), settings.out_queue("svc")) == ("in-q", "out-q")
@@ -52,6 +55,7 @@ def test_every_setting_is_read_from_its_upper_case_variable(
     assert settings.worker_concurrency == 4
     assert settings.task_timeout_s(30) == 12.5
     assert settings.log_level is LogLevel.DEBUG
+    assert settings.worker_event_loop is EventLoopKind.ASYNCIO
 
 
 def test_queue_names_default_to_the_service_name() -> None:

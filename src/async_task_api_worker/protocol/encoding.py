@@ -27,6 +27,7 @@ __all__ = [
     "MAX_NESTING_DEPTH",
     "MAX_REPORT_BYTES",
     "canonical_dumps",
+    "check_tree",
     "nesting_depth",
     "strict_loads",
 ]
@@ -54,12 +55,15 @@ def _escape_surrogate(match: re.Match[str]) -> str:
     return f"\\u{ord(match.group()):04x}"
 
 
-def canonical_dumps(value: Any) -> bytes:
+def canonical_dumps(value: Any, *, tree_checked: bool = False) -> bytes:
     """Encode a JSON-compatible value to its canonical bytes.
 
     Args:
         value: ``dict`` (string keys), ``list``, ``tuple``, ``str``, ``int``, ``float``,
             ``bool`` or ``None``, nested at most :data:`MAX_NESTING_DEPTH` levels.
+        tree_checked: the caller already ran :func:`check_tree` on every part of ``value``
+            that could fail it (the report encoder, whose own fields are flat strings and
+            numbers, checks the handler's response or payload alone).
 
     Returns:
         The canonical UTF-8 bytes.
@@ -68,7 +72,8 @@ def canonical_dumps(value: Any) -> bytes:
         ReportEncodeError: the value holds a non-JSON type, a non-string key, NaN or an
             infinity, an integer over 4,300 digits, or nests too deep.
     """
-    _check_tree(value)
+    if not tree_checked:
+        check_tree(value)
     try:
         text = _ENCODER.encode(value)
     except Exception as exc:  # TypeError, ValueError, RecursionError, or a dict changed mid-way
@@ -81,14 +86,22 @@ def canonical_dumps(value: Any) -> bytes:
         return _LONE_SURROGATE.sub(_escape_surrogate, text).encode("utf-8")
 
 
-def _check_tree(value: Any) -> None:
+def check_tree(value: Any, *, depth: int = 1) -> None:
     """Refuse what ``json`` would silently accept: deep nesting, and keys that are not text.
 
     The standard encoder turns ``int``, ``float``, ``bool`` and ``None`` keys into strings,
     so ``{1: "a"}`` would read back as ``{"1": "a"}``; a report must read back as written.
     Iterative, like :func:`nesting_depth`.
+
+    Args:
+        value: the value to check.
+        depth: the level ``value`` sits at in the document it belongs to (1: the top).
+
+    Raises:
+        ReportEncodeError: a key is not a string, or ``value`` reaches past
+            :data:`MAX_NESTING_DEPTH` levels.
     """
-    stack: list[tuple[Any, int]] = [(value, 1)]
+    stack: list[tuple[Any, int]] = [(value, depth)]
     while stack:
         node, depth = stack.pop()
         if isinstance(node, dict):

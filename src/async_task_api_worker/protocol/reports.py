@@ -22,7 +22,12 @@ from pydantic import (
 
 from async_task_api_worker.errors import ERROR_CODE_PATTERN, ProtocolError, ReportEncodeError
 from async_task_api_worker.protocol.codes import ReportType
-from async_task_api_worker.protocol.encoding import MAX_REPORT_BYTES, canonical_dumps, strict_loads
+from async_task_api_worker.protocol.encoding import (
+    MAX_REPORT_BYTES,
+    canonical_dumps,
+    check_tree,
+    strict_loads,
+)
 from async_task_api_worker.protocol.envelope import (
     ID_PATTERN,
     PROTOCOL_VERSION,
@@ -58,7 +63,8 @@ _Identifier = Annotated[str, StringConstraints(pattern=ID_PATTERN)]
 
 def format_timestamp(moment: datetime) -> str:
     """Format an aware datetime as a report timestamp (``2026-11-29T22:48:46.123456Z``)."""
-    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    # isoformat is about three times faster than strftime, and this runs for every report.
+    return moment.astimezone(UTC).replace(tzinfo=None).isoformat(timespec="microseconds") + "Z"
 
 
 class _ReportBase(BaseModel):
@@ -217,7 +223,13 @@ def encode_report(
         ReportEncodeError: a payload or response is not canonical JSON, or the encoded report
             exceeds ``max_bytes`` (``too_large`` is then true).
     """
-    body = canonical_dumps(_document(report))
+    document = _document(report)
+    # Only the handler's response or payload can hold what JSON would change (a non-string
+    # key) or nest too deep; they sit at the document's second level.
+    for user_part in ("response", "payload"):
+        if user_part in document:
+            check_tree(document[user_part], depth=2)
+    body = canonical_dumps(document, tree_checked=True)
     if len(body) > max_bytes:
         raise ReportEncodeError(
             f"{report.type} report of {len(body)} bytes exceeds {max_bytes} bytes", too_large=True

@@ -18,6 +18,7 @@ from async_task_api_worker.errors import BrokerUnavailableError, ConfigError
 from async_task_api_worker.observability.logging import configure_logging
 from async_task_api_worker.runtime.exit_codes import ExitCode
 from async_task_api_worker.runtime.hooks import STUCK_CHECK_S
+from async_task_api_worker.runtime.loops import run_on
 from async_task_api_worker.runtime.observed import serving_probes
 from async_task_api_worker.runtime.runner import Runner
 from async_task_api_worker.runtime.signals import shutdown_on_signals
@@ -94,6 +95,12 @@ async def serve_worker(worker: Worker, settings: WorkerSettings | None = None) -
 
 
 async def _run(runner: Runner) -> ExitCode:
+    loop = asyncio.get_running_loop()
+    _logger.info(
+        "Event loop: %s (WORKER_EVENT_LOOP=%s)",
+        type(loop).__module__.partition(".")[0],
+        runner.settings.worker_event_loop.value,
+    )
     async with serving_probes(runner) as probes:
         code = await _run_observed(runner)
     if probes.readiness.stuck_probes:
@@ -144,7 +151,7 @@ def run_worker(worker: Worker, *, runner: Runner | None = None) -> ExitCode:
             settings = prepare(worker)
             configure_logging(settings.log_level)
             runner = rabbitmq_runner(worker, settings)
-        return asyncio.run(_run(runner))
+        return run_on(runner.settings.worker_event_loop, _run(runner))
     except ConfigError as exc:
         print(f"async-task-api-worker: {exc}", file=sys.stderr)
         return ExitCode.CONFIG

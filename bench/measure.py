@@ -1,0 +1,242 @@
+"""One run of one contender: drain N tasks, then round trips at idle, then SIGTERM.
+
+Each run gets a fresh vhost (``rabbitmqctl``) whose default queue type is the one asked for.
+The N tasks are published before the worker starts; the worker is one OS process (Celery's
+prefork pool adds its children, whose memory is counted with it).
+
+- Throughput: N over the time from the first report (or finished task) to the N-th terminal
+  one; the worker's start-up is not counted.
+- Memory: the resident set (``VmRSS``, summed over the worker's process tree) after 1,000
+  tasks and after the N-th; the peak is the sum of each process's ``VmHWM``.
+- Round trip (contenders that report): publish one task, wait for its terminal report, one at
+  a time, with the worker idle.
+- CPU: the worker's user and system time per task, from its first finished task to the last.
+- Shutdown: from SIGTERM to the worker's exit, with nothing in flight.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import aio_pika
+from aio_pika.abc import AbstractIncomingMessage
+
+from bench.contenders import Contender
+
+__all__ = ["Run", "one_run", "process_tree", "rabbitmqctl"]
+
+REPO = Path(__file__).resolve().parents[1]
+IN_QUEUE, OUT_QUEUE = "bench_in", "bench_out"
+_DONE_LINE_BYTES = 21  # bench/peers/_done.py writes fixed-width lines
+_RSS_EARLY_TASKS = 1_000
+
+
+def rabbitmqctl(*arguments: str) -> str:
+    """Run ``rabbitmqctl``; its standard output."""
+    return subprocess.run(  # noqa: S603 - our own arguments
+        ["rabbitmqctl", *arguments],  # noqa: S607
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+
+
+@dataclass
+class Run:
+    """One run's figures (times in seconds, memory in MiB)."""
+
+    tasks_per_s: float
+    cpu_ms_per_task: float
+    rss_early_mb: float
+    rss_end_mb: float
+    peak_rss_mb: float
+    shutdown_s: float
+    exit_code: int
+    round_trips_s: list[float]
+
+
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and its descendants (from ``/proc/<pid>/task/*/children``)."""
+    found, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        found.append(current)
+        for task in Path(f"/proc/{current}/task").glob("*"):
+            try:
+                todo.extend(int(child) for child in (task / "children").read_text().split())
+            except OSError:
+                continue
+    return found
+
+
+def _cpu_s(pids: list[int]) -> float:
+    """User plus system CPU time of ``pids``, in seconds (``/proc/<pid>/stat``)."""
+    ticks = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        ticks += int(fields[11]) + int(fields[12])  # utime, stime
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def _status_mb(pids: list[int], field: str) -> float:
+    total_kb = 0
+    for pid in pids:
+        try:
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith(field):
+                    total_kb += int(line.split()[1])
+        except OSError:
+            continue
+    return total_kb / 1024
+
+
+class _Reports:
+    """Counts the terminal reports on the output queue and hands round-trip answers out."""
+
+    def __init__(self) -> None:
+        self.first: float | None = None
+        self.terminal = 0
+        self.last = 0.0
+        self.waiting: dict[str, asyncio.Future[float]] = {}
+
+    async def on_report(self, message: AbstractIncomingMessage) -> None:
+        now = time.monotonic()
+        if self.first is None:
+            self.first = now
+        kind = message.type
+        body: dict[str, object] | None = None
+        if kind is None or self.waiting:
+            body = json.loads(message.body)
+            kind = kind or str(body.get("type"))
+        if kind not in ("success", "failure"):
+            return
+        self.terminal += 1
+        self.last = now
+        if body is not None and (waiter := self.waiting.pop(str(body.get("task_id")), None)):
+            waiter.set_result(now)
+
+
+async def _drain_and_probe(
+    contender: Contender, url: str, env: dict[str, str], tasks: int, round_trips: int
+) -> tuple[Run, subprocess.Popen[bytes]]:
+    done_file = Path(env["BENCH_DONE_FILE"])
+    connection = await aio_pika.connect(url)
+    async with connection:
+        channel = await connection.channel()
+        await channel.set_qos(prefetch_count=2000)
+        out = await channel.declare_queue(OUT_QUEUE, durable=True)
+        reports = _Reports()
+        await out.consume(reports.on_report, no_ack=True)
+        process = subprocess.Popen(  # noqa: S603, ASYNC220 - our own command, started once
+            contender.argv, cwd=REPO, env=env, stdout=subprocess.DEVNULL
+        )
+        deadline = time.monotonic() + 120 + tasks / 50
+        rss_early: float | None = None
+        cpu_at_start: tuple[int, float] | None = None
+
+        def finished() -> int:
+            if contender.reports:
+                return reports.terminal
+            try:
+                return done_file.stat().st_size // _DONE_LINE_BYTES
+            except FileNotFoundError:
+                return 0
+
+        while (count := finished()) < tasks:
+            if process.poll() is not None:
+                raise RuntimeError(f"{contender.key} exited with {process.returncode}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{contender.key}: {count} of {tasks} tasks done in time")
+            if cpu_at_start is None and count > 0:
+                cpu_at_start = (count, _cpu_s(process_tree(process.pid)))
+            if rss_early is None and count >= _RSS_EARLY_TASKS:
+                rss_early = _status_mb(process_tree(process.pid), "VmRSS:")
+            await asyncio.sleep(0.01)
+        tree = process_tree(process.pid)
+        rss_end = _status_mb(tree, "VmRSS:")
+        started_count, started_cpu = cpu_at_start or (0, 0.0)
+        cpu_ms = 1000 * (_cpu_s(tree) - started_cpu) / max(1, count - started_count)
+        if rss_early is None:  # fewer tasks than that: the end is the early figure too
+            rss_early = rss_end
+        if contender.reports:
+            first, last = reports.first or reports.last, reports.last
+        else:
+            stamps = [float(line) for line in done_file.read_text().split()]  # noqa: ASYNC240
+            first, last = min(stamps), max(stamps)
+        samples = await _round_trips(contender, channel, reports, round_trips)
+        peak = _status_mb(process_tree(process.pid), "VmHWM:")
+    run = Run(tasks / (last - first), cpu_ms, rss_early, rss_end, peak, 0.0, 0, samples)
+    return run, process
+
+
+async def _round_trips(
+    contender: Contender, channel: aio_pika.abc.AbstractChannel, reports: _Reports, count: int
+) -> list[float]:
+    if contender.envelope is None or count == 0:
+        return []
+    loop = asyncio.get_running_loop()
+    samples: list[float] = []
+    for number in range(count + 10):  # the first 10 warm the path up and are not kept
+        task_id = f"rt-{number}-{uuid.uuid4().hex[:6]}"
+        waiter: asyncio.Future[float] = loop.create_future()
+        reports.waiting[task_id] = waiter
+        sent = time.monotonic()
+        await channel.default_exchange.publish(
+            aio_pika.Message(
+                contender.envelope(task_id),
+                content_type="application/json",
+                delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+            ),
+            routing_key=IN_QUEUE,
+        )
+        answered = await asyncio.wait_for(waiter, 30)
+        if number >= 10:
+            samples.append(answered - sent)
+    return samples
+
+
+def one_run(
+    contender: Contender, tasks: int, *, round_trips: int, queue_type: str = "classic"
+) -> Run:
+    """Drain ``tasks`` with ``contender`` once, in a vhost of its own; see the module's doc."""
+    vhost = f"bench-{uuid.uuid4().hex[:8]}"
+    rabbitmqctl("add_vhost", vhost, "--default-queue-type", queue_type)
+    rabbitmqctl("set_permissions", "-p", vhost, "guest", ".*", ".*", ".*")
+    try:
+        url = f"amqp://guest:guest@127.0.0.1:5672/{vhost}"
+        with tempfile.TemporaryDirectory(prefix="bench-") as scratch:
+            env = {
+                **os.environ,
+                "BROKER_URL": url,
+                "IN_QUEUE_NAME": IN_QUEUE,
+                "OUT_QUEUE_NAME": OUT_QUEUE,
+                "HEALTH_CHECK_PORT": "0",
+                "LOG_LEVEL": "WARNING",
+                "BENCH_DONE_FILE": str(Path(scratch) / "done"),
+                **contender.env,
+            }
+            contender.publish(url, IN_QUEUE, tasks)
+            run, process = asyncio.run(_drain_and_probe(contender, url, env, tasks, round_trips))
+            signalled = time.monotonic()
+            process.send_signal(signal.SIGTERM)
+            try:
+                run.exit_code = process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                run.exit_code = process.wait()
+            run.shutdown_s = time.monotonic() - signalled
+            return run
+    finally:
+        rabbitmqctl("delete_vhost", vhost)
