@@ -7,14 +7,18 @@ Run from the repository's root (RabbitMQ on 127.0.0.1:5672, ``rabbitmqctl`` usab
     uv run python -m bench --smoke                  # 50 tasks, the baseline and ours (CI)
 
 The table gives medians over the runs and each contender's throughput as a ratio to the
-baseline's; ``--out`` (default ``docs/bench``) receives ``results.md`` and, when matplotlib is
-installed, ``throughput.png`` and ``latency.png``. See ``docs/benchmarks.md``.
+baseline's; ``--out`` (default ``docs/bench``) receives ``results.json`` (every run's figures),
+``results.md`` and, when matplotlib is installed, ``throughput.png`` and ``latency.png``
+(``-quorum`` suffixed for ``--queue-type quorum``); ``--replot results.json`` redraws them.
+See ``docs/benchmarks.md``.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.metadata
+import json
 import os
 import platform
 import statistics
@@ -22,6 +26,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from bench.contenders import CONTENDERS, Contender, available
 from bench.measure import REPO, Run, one_run, rabbitmqctl
@@ -97,15 +102,15 @@ def table(rows: list[Row], queue_type: str) -> list[str]:
     base = rows[0].tasks_per_s if rows and rows[0].contender.key == "baseline" else None
     lines = [
         f"| contender ({queue_type} queues) | tasks/s | x baseline | CPU ms/task "
-        "| round trip p50 ms | p99 ms | RSS after 1k MB | RSS at end MB | peak RSS MB "
-        "| SIGTERM to exit s | exit |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| broker CPU ms/task | round trip p50 ms | p99 ms | RSS after 1k MB | RSS at end MB "
+        "| peak RSS MB | SIGTERM to exit s | exit |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in rows:
         rate = row.tasks_per_s
         lines.append(
             f"| {row.contender.label} | {rate:,.0f} | {_fmt(base and rate / base, '.2f')} "
-            f"| {row.median('cpu_ms_per_task'):.3f} "
+            f"| {row.median('cpu_ms_per_task'):.3f} | {row.median('broker_cpu_ms_per_task'):.3f} "
             f"| {_fmt(row.round_trip_ms(0.5), '.2f')} | {_fmt(row.round_trip_ms(0.99), '.2f')} "
             f"| {row.median('rss_early_mb'):.1f} | {row.median('rss_end_mb'):.1f} "
             f"| {row.median('peak_rss_mb'):.1f} | {row.median('shutdown_s'):.2f} "
@@ -153,9 +158,17 @@ def main() -> None:
     parser.add_argument("--leak-only", default="baseline,ours-c8", help="contenders to check")
     parser.add_argument("--queue-type", choices=["classic", "quorum"], default="classic")
     parser.add_argument("--only", default="", help="comma-separated contender keys")
-    parser.add_argument("--out", type=Path, default=REPO / "docs" / "bench")
+    parser.add_argument(
+        "--out", type=Path, help="where the results go (default docs/bench; none for --smoke)"
+    )
     parser.add_argument("--smoke", action="store_true", help="50 tasks, 1 run, baseline + ours")
+    parser.add_argument(
+        "--replot", type=Path, help="rewrite results*.md and the charts from a results*.json"
+    )
     arguments = parser.parse_args()
+    if arguments.replot:
+        write_results(json.loads(arguments.replot.read_text()), arguments.replot)
+        return
     wanted = [key for key in arguments.only.split(",") if key]
     contenders = [c for c in CONTENDERS if not wanted or c.key in wanted]
     if arguments.smoke:
@@ -181,20 +194,46 @@ def main() -> None:
     if arguments.leak_tasks:
         checked = [c for c in contenders if c.key in arguments.leak_only.split(",")]
         leak_rows = _run_rows(checked, arguments.leak_tasks, 1, 0, arguments.queue_type)
-    if arguments.smoke:
+    out: Path | None = arguments.out or (None if arguments.smoke else REPO / "docs" / "bench")
+    if out is None:
         return
-    lines = [*(f"- {line}" for line in header), "", *table(rows, arguments.queue_type)]
-    if leak_rows:
-        lines += ["", *leak_table(leak_rows, arguments.leak_tasks)]
-    arguments.out.mkdir(parents=True, exist_ok=True)
     suffix = "" if arguments.queue_type == "classic" else f"-{arguments.queue_type}"
-    (arguments.out / f"results{suffix}.md").write_text("\n".join(lines) + "\n")
+    out.mkdir(parents=True, exist_ok=True)
+    raw = {
+        "header": header,
+        "queue_type": arguments.queue_type,
+        "leak_tasks": arguments.leak_tasks,
+        "rows": [_raw(row) for row in rows],
+        "leak_rows": [_raw(row) for row in leak_rows],
+    }
+    (out / f"results{suffix}.json").write_text(json.dumps(raw, indent=1) + "\n")
+    write_results(raw, out / f"results{suffix}.json")
+
+
+def _raw(row: Row) -> dict[str, Any]:
+    return {"key": row.contender.key, "runs": [dataclasses.asdict(run) for run in row.runs]}
+
+
+def _rows(raw: list[dict[str, Any]]) -> list[Row]:
+    by_key = {contender.key: contender for contender in CONTENDERS}
+    return [Row(by_key[row["key"]], [Run(**run) for run in row["runs"]]) for row in raw]
+
+
+def write_results(raw: dict[str, Any], source: Path) -> None:
+    """Write ``results*.md`` and the charts beside ``source`` from its raw figures."""
+    rows, leak_rows = _rows(raw["rows"]), _rows(raw["leak_rows"])
+    header: list[str] = raw["header"]
+    lines = [*(f"- {line}" for line in header), "", *table(rows, raw["queue_type"])]
+    if leak_rows:
+        lines += ["", *leak_table(leak_rows, raw["leak_tasks"])]
+    suffix = source.stem.removeprefix("results")
+    (source.parent / f"results{suffix}.md").write_text("\n".join(lines) + "\n")
     try:
         from bench.charts import draw
     except ImportError:
         print("# matplotlib is not installed (uv sync --group bench): no charts", file=sys.stderr)
         return
-    draw(rows, arguments.out, suffix, header[1])
+    draw(rows, source.parent, suffix, header[1])
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -23,8 +24,9 @@ def _colour(key: str) -> str:
 
 def draw(rows: list[Row], out: Path, suffix: str, subtitle: str) -> None:
     """Write ``throughput{suffix}.png`` and ``latency{suffix}.png`` into ``out``."""
+    subtitle = "\n".join(textwrap.wrap(subtitle, 120))
     labels = [row.contender.label for row in rows]
-    figure, axes = plt.subplots(figsize=(10, 0.45 * len(rows) + 1.8))
+    figure, axes = plt.subplots(figsize=(11, 0.45 * len(rows) + 2.2))
     rates = [row.tasks_per_s for row in rows]
     axes.barh(labels, rates, color=[_colour(row.contender.key) for row in rows])
     for position, rate in enumerate(rates):
@@ -41,7 +43,7 @@ def draw(rows: list[Row], out: Path, suffix: str, subtitle: str) -> None:
     timed = [row for row in rows if row.round_trip_ms(0.5) is not None]
     if not timed:
         return
-    figure, axes = plt.subplots(figsize=(10, 0.55 * len(timed) + 1.8))
+    figure, axes = plt.subplots(figsize=(11, 0.55 * len(timed) + 2.2))
     positions = range(len(timed))
     p50 = [row.round_trip_ms(0.5) or 0.0 for row in timed]
     p99 = [row.round_trip_ms(0.99) or 0.0 for row in timed]

@@ -10,7 +10,8 @@ prefork pool adds its children, whose memory is counted with it).
   tasks and after the N-th; the peak is the sum of each process's ``VmHWM``.
 - Round trip (contenders that report): publish one task, wait for its terminal report, one at
   a time, with the worker idle.
-- CPU: the worker's user and system time per task, from its first finished task to the last.
+- CPU: the worker's user and system time per task, from its first finished task to the last;
+  the same for the broker (RabbitMQ's ``beam.smp``), which shares the machine's cores.
 - Shutdown: from SIGTERM to the worker's exit, with nothing in flight.
 """
 
@@ -56,6 +57,7 @@ class Run:
 
     tasks_per_s: float
     cpu_ms_per_task: float
+    broker_cpu_ms_per_task: float
     rss_early_mb: float
     rss_end_mb: float
     peak_rss_mb: float
@@ -88,6 +90,18 @@ def _cpu_s(pids: list[int]) -> float:
             continue
         ticks += int(fields[11]) + int(fields[12])  # utime, stime
     return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def broker_pids() -> list[int]:
+    """The pids of RabbitMQ's Erlang VM (``beam.smp``), whose CPU per task is reported too."""
+    found = []
+    for status in Path("/proc").glob("[0-9]*/comm"):
+        try:
+            if status.read_text().strip() == "beam.smp":
+                found.append(int(status.parent.name))
+        except OSError:
+            continue
+    return found
 
 
 def _status_mb(pids: list[int], field: str) -> float:
@@ -144,7 +158,8 @@ async def _drain_and_probe(
         )
         deadline = time.monotonic() + 120 + tasks / 50
         rss_early: float | None = None
-        cpu_at_start: tuple[int, float] | None = None
+        cpu_at_start: tuple[int, float, float] | None = None
+        broker = broker_pids()
 
         def finished() -> int:
             if contender.reports:
@@ -160,14 +175,15 @@ async def _drain_and_probe(
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{contender.key}: {count} of {tasks} tasks done in time")
             if cpu_at_start is None and count > 0:
-                cpu_at_start = (count, _cpu_s(process_tree(process.pid)))
+                cpu_at_start = (count, _cpu_s(process_tree(process.pid)), _cpu_s(broker))
             if rss_early is None and count >= _RSS_EARLY_TASKS:
                 rss_early = _status_mb(process_tree(process.pid), "VmRSS:")
             await asyncio.sleep(0.01)
         tree = process_tree(process.pid)
         rss_end = _status_mb(tree, "VmRSS:")
-        started_count, started_cpu = cpu_at_start or (0, 0.0)
+        started_count, started_cpu, broker_cpu = cpu_at_start or (0, 0.0, 0.0)
         cpu_ms = 1000 * (_cpu_s(tree) - started_cpu) / max(1, count - started_count)
+        broker_ms = 1000 * (_cpu_s(broker) - broker_cpu) / max(1, count - started_count)
         if rss_early is None:  # fewer tasks than that: the end is the early figure too
             rss_early = rss_end
         if contender.reports:
@@ -177,7 +193,7 @@ async def _drain_and_probe(
             first, last = min(stamps), max(stamps)
         samples = await _round_trips(contender, channel, reports, round_trips)
         peak = _status_mb(process_tree(process.pid), "VmHWM:")
-    run = Run(tasks / (last - first), cpu_ms, rss_early, rss_end, peak, 0.0, 0, samples)
+    run = Run(tasks / (last - first), cpu_ms, broker_ms, rss_early, rss_end, peak, 0.0, 0, samples)
     return run, process
 
 
