@@ -24,7 +24,7 @@ def _colour(key: str) -> str:
 
 def draw(rows: list[Row], out: Path, suffix: str, subtitle: str) -> None:
     """Write ``throughput{suffix}.png`` and ``latency{suffix}.png`` into ``out``."""
-    subtitle = "\n".join(textwrap.wrap(subtitle, 120))
+    subtitle = "\n".join(textwrap.wrap(subtitle, 90))
     labels = [row.contender.label for row in rows]
     figure, axes = plt.subplots(figsize=(11, 0.45 * len(rows) + 2.2))
     rates = [row.tasks_per_s for row in rows]
