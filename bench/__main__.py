@@ -102,8 +102,8 @@ def table(rows: list[Row], queue_type: str) -> list[str]:
     base = rows[0].tasks_per_s if rows and rows[0].contender.key == "baseline" else None
     lines = [
         f"| contender ({queue_type} queues) | tasks/s | x baseline | CPU ms/task "
-        "| broker CPU ms/task | round trip p50 ms | p99 ms | RSS after 1k MB | RSS at end MB "
-        "| peak RSS MB | SIGTERM to exit s | exit |",
+        "| broker CPU ms/task | round trip p50 ms | p99 ms | RSS after 1k MiB | RSS at end MiB "
+        "| peak RSS MiB | SIGTERM to exit s | exit |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in rows:
@@ -122,7 +122,7 @@ def table(rows: list[Row], queue_type: str) -> list[str]:
 def leak_table(rows: list[Row], tasks: int) -> list[str]:
     """The leak check: RSS after 1,000 tasks against RSS after ``tasks``."""
     lines = [
-        f"| contender | RSS after 1,000 MB | RSS after {tasks:,} MB | growth |",
+        f"| contender | RSS after 1,000 MiB | RSS after {tasks:,} MiB | growth |",
         "|---|---:|---:|---:|",
     ]
     for row in rows:
@@ -150,7 +150,7 @@ def _run_rows(
 
 def main() -> None:
     """Run the contenders, print the table, write the results file and the charts."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
     parser.add_argument("--tasks", type=int, default=10_000, help="tasks drained per run")
     parser.add_argument("--runs", type=int, default=3, help="runs per contender (median)")
     parser.add_argument("--round-trips", type=int, default=500, help="round trips per run")
@@ -193,6 +193,8 @@ def main() -> None:
     leak_rows: list[Row] = []
     if arguments.leak_tasks:
         checked = [c for c in contenders if c.key in arguments.leak_only.split(",")]
+        print(f"\n# leak check: {arguments.leak_tasks:,} tasks, 1 run each", flush=True)
+        print("\n".join(table([], arguments.queue_type)), flush=True)
         leak_rows = _run_rows(checked, arguments.leak_tasks, 1, 0, arguments.queue_type)
     out: Path | None = arguments.out or (None if arguments.smoke else REPO / "docs" / "bench")
     if out is None:
@@ -233,7 +235,7 @@ def write_results(raw: dict[str, Any], source: Path) -> None:
     except ImportError:
         print("# matplotlib is not installed (uv sync --group bench): no charts", file=sys.stderr)
         return
-    draw(rows, source.parent, suffix, header[1])
+    draw(rows, source.parent, suffix, f"{raw['queue_type']} queues; {header[1]}")
 
 
 if __name__ == "__main__":

@@ -51,7 +51,10 @@ def draw(rows: list[Row], out: Path, suffix: str, subtitle: str) -> None:
     axes.barh([p + 0.2 for p in positions], p99, height=0.4, label="p99", color="#aec7e8")
     axes.set_yticks(list(positions), [row.contender.label for row in timed])
     axes.invert_yaxis()
-    axes.set_xlabel("round trip, ms: publish one task, wait for its terminal report (idle)")
+    axes.set_xlabel(
+        "round trip, ms: publish one task, wait for its terminal report (idle); "
+        "only contenders that publish reports"
+    )
     axes.set_title(f"Latency\n{subtitle}", fontsize=8)
     axes.legend()
     figure.tight_layout()
