@@ -170,6 +170,12 @@ def main() -> None:
         write_results(json.loads(arguments.replot.read_text()), arguments.replot)
         return
     wanted = [key for key in arguments.only.split(",") if key]
+    unknown = sorted(set(wanted) - {c.key for c in CONTENDERS})
+    if unknown:
+        parser.error(
+            f"unknown contender(s) {', '.join(unknown)}; "
+            f"known: {', '.join(c.key for c in CONTENDERS)}"
+        )
     contenders = [c for c in CONTENDERS if not wanted or c.key in wanted]
     if arguments.smoke:
         arguments.tasks, arguments.runs, arguments.round_trips = 50, 1, 5
@@ -218,6 +224,9 @@ def _raw(row: Row) -> dict[str, Any]:
 
 def _rows(raw: list[dict[str, Any]]) -> list[Row]:
     by_key = {contender.key: contender for contender in CONTENDERS}
+    unknown = sorted({row["key"] for row in raw} - set(by_key))
+    if unknown:
+        raise SystemExit(f"python -m bench: the results name unknown contenders: {unknown}")
     return [Row(by_key[row["key"]], [Run(**run) for run in row["runs"]]) for row in raw]
 
 
@@ -228,7 +237,10 @@ def write_results(raw: dict[str, Any], source: Path) -> None:
     lines = [*(f"- {line}" for line in header), "", *table(rows, raw["queue_type"])]
     if leak_rows:
         lines += ["", *leak_table(leak_rows, raw["leak_tasks"])]
-    suffix = source.stem.removeprefix("results")
+    # results.json and results-quorum.json give the committed names; any other file name
+    # becomes the suffix, so that its outputs sit beside it without overwriting those.
+    suffix = source.stem.removeprefix("results") if source.stem.startswith("results") else ""
+    suffix = suffix if source.stem.startswith("results") else f"-{source.stem}"
     (source.parent / f"results{suffix}.md").write_text("\n".join(lines) + "\n")
     try:
         from bench.charts import draw

@@ -156,43 +156,69 @@ async def _drain_and_probe(
         process = subprocess.Popen(  # noqa: S603, ASYNC220 - our own command, started once
             contender.argv, cwd=REPO, env=env, stdout=subprocess.DEVNULL
         )
-        deadline = time.monotonic() + 120 + tasks / 50
-        rss_early: float | None = None
-        cpu_at_start: tuple[int, float, float] | None = None
-        broker = broker_pids()
+        try:
+            return await _measure(
+                contender,
+                process,
+                reports=reports,
+                channel=channel,
+                done_file=done_file,
+                tasks=tasks,
+                round_trips=round_trips,
+            )
+        except BaseException:
+            # A failed or interrupted run must not leave the worker running on a deleted vhost.
+            _stop(process, signal.SIGKILL)
+            raise
 
-        def finished() -> int:
-            if contender.reports:
-                return reports.terminal
-            try:
-                return done_file.stat().st_size // _DONE_LINE_BYTES
-            except FileNotFoundError:
-                return 0
 
-        while (count := finished()) < tasks:
-            if process.poll() is not None:
-                raise RuntimeError(f"{contender.key} exited with {process.returncode}")
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{contender.key}: {count} of {tasks} tasks done in time")
-            if cpu_at_start is None and count > 0:
-                cpu_at_start = (count, _cpu_s(process_tree(process.pid)), _cpu_s(broker))
-            if rss_early is None and count >= _RSS_EARLY_TASKS:
-                rss_early = _status_mb(process_tree(process.pid), "VmRSS:")
-            await asyncio.sleep(0.01)
-        tree = process_tree(process.pid)
-        rss_end = _status_mb(tree, "VmRSS:")
-        started_count, started_cpu, broker_cpu = cpu_at_start or (0, 0.0, 0.0)
-        cpu_ms = 1000 * (_cpu_s(tree) - started_cpu) / max(1, count - started_count)
-        broker_ms = 1000 * (_cpu_s(broker) - broker_cpu) / max(1, count - started_count)
-        if rss_early is None:  # fewer tasks than that: the end is the early figure too
-            rss_early = rss_end
+async def _measure(
+    contender: Contender,
+    process: subprocess.Popen[bytes],
+    *,
+    reports: _Reports,
+    channel: aio_pika.abc.AbstractChannel,
+    done_file: Path,
+    tasks: int,
+    round_trips: int,
+) -> tuple[Run, subprocess.Popen[bytes]]:
+    deadline = time.monotonic() + 120 + tasks / 50
+    rss_early: float | None = None
+    cpu_at_start: tuple[int, float, float] | None = None
+    broker = broker_pids()
+
+    def finished() -> int:
         if contender.reports:
-            first, last = reports.first or reports.last, reports.last
-        else:
-            stamps = [float(line) for line in done_file.read_text().split()]  # noqa: ASYNC240
-            first, last = min(stamps), max(stamps)
-        samples = await _round_trips(contender, channel, reports, round_trips)
-        peak = _status_mb(process_tree(process.pid), "VmHWM:")
+            return reports.terminal
+        try:
+            return done_file.stat().st_size // _DONE_LINE_BYTES
+        except FileNotFoundError:
+            return 0
+
+    while (count := finished()) < tasks:
+        if process.poll() is not None:
+            raise RuntimeError(f"{contender.key} exited with {process.returncode}")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{contender.key}: {count} of {tasks} tasks done in time")
+        if cpu_at_start is None and count > 0:
+            cpu_at_start = (count, _cpu_s(process_tree(process.pid)), _cpu_s(broker))
+        if rss_early is None and count >= _RSS_EARLY_TASKS:
+            rss_early = _status_mb(process_tree(process.pid), "VmRSS:")
+        await asyncio.sleep(0.01)
+    tree = process_tree(process.pid)
+    rss_end = _status_mb(tree, "VmRSS:")
+    started_count, started_cpu, broker_cpu = cpu_at_start or (0, 0.0, 0.0)
+    cpu_ms = 1000 * (_cpu_s(tree) - started_cpu) / max(1, count - started_count)
+    broker_ms = 1000 * (_cpu_s(broker) - broker_cpu) / max(1, count - started_count)
+    if rss_early is None:  # fewer tasks than that: the end is the early figure too
+        rss_early = rss_end
+    if contender.reports:
+        first, last = reports.first or reports.last, reports.last
+    else:
+        stamps = [float(line) for line in done_file.read_text().split()]  # noqa: ASYNC240
+        first, last = min(stamps), max(stamps)
+    samples = await _round_trips(contender, channel, reports, round_trips)
+    peak = _status_mb(process_tree(process.pid), "VmHWM:")
     run = Run(tasks / (last - first), cpu_ms, broker_ms, rss_early, rss_end, peak, 0.0, 0, samples)
     return run, process
 
@@ -223,6 +249,17 @@ async def _round_trips(
     return samples
 
 
+def _stop(process: subprocess.Popen[bytes], how: signal.Signals) -> int:
+    """Signal the worker, wait for it (60 s, then SIGKILL), and return its exit code."""
+    if process.poll() is None:
+        process.send_signal(how)
+    try:
+        return process.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        return process.wait()
+
+
 def one_run(
     contender: Contender, tasks: int, *, round_trips: int, queue_type: str = "classic"
 ) -> Run:
@@ -246,12 +283,7 @@ def one_run(
             contender.publish(url, IN_QUEUE, tasks)
             run, process = asyncio.run(_drain_and_probe(contender, url, env, tasks, round_trips))
             signalled = time.monotonic()
-            process.send_signal(signal.SIGTERM)
-            try:
-                run.exit_code = process.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                run.exit_code = process.wait()
+            run.exit_code = _stop(process, signal.SIGTERM)
             run.shutdown_s = time.monotonic() - signalled
             return run
     finally:

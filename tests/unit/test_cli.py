@@ -168,6 +168,21 @@ def test_check_prints_the_budget_and_the_shutdown_bound(
     assert "terminationGracePeriodSeconds: 28" in out
 
 
+def test_check_names_the_event_loop_and_refuses_a_missing_uvloop(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("WORKER_EVENT_LOOP", "asyncio")
+    assert main(["check", "examples.count_words:worker"]) == 0
+    assert "event loop: asyncio (WORKER_EVENT_LOOP=asyncio)" in capsys.readouterr().out
+    # A None entry in sys.modules makes the import fail, as when uvloop is not installed.
+    monkeypatch.setitem(sys.modules, "uvloop", None)
+    monkeypatch.setenv("WORKER_EVENT_LOOP", "uvloop")
+    assert main(["check", "examples.count_words:worker"]) == 2
+    err = capsys.readouterr().err
+    assert "WORKER_EVENT_LOOP=uvloop but uvloop is not installed" in err
+    assert len(err.strip().splitlines()) == 1
+
+
 def test_check_exits_2_when_the_budget_fails(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

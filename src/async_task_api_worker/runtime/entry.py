@@ -18,7 +18,7 @@ from async_task_api_worker.errors import BrokerUnavailableError, ConfigError
 from async_task_api_worker.observability.logging import configure_logging
 from async_task_api_worker.runtime.exit_codes import ExitCode
 from async_task_api_worker.runtime.hooks import STUCK_CHECK_S
-from async_task_api_worker.runtime.loops import run_on
+from async_task_api_worker.runtime.loops import loop_factory, run_on
 from async_task_api_worker.runtime.observed import serving_probes
 from async_task_api_worker.runtime.runner import Runner
 from async_task_api_worker.runtime.signals import shutdown_on_signals
@@ -39,11 +39,13 @@ def prepare(worker: Worker, overrides: Mapping[str, Any] | None = None) -> Worke
     """Load the settings and check the worker against them, before any connection.
 
     Raises:
-        SettingsError: a setting is invalid (``TimeBudgetError``: the time budget fails).
+        SettingsError: a setting is invalid (``TimeBudgetError``: the time budget fails), or
+            ``WORKER_EVENT_LOOP=uvloop`` without uvloop installed.
         NoTaskError: the worker has no task.
     """
     settings = load_settings(overrides)
     check_time_budget(settings, worker.task_definition.timeout_s)
+    loop_factory(settings.worker_event_loop)  # WORKER_EVENT_LOOP=uvloop needs uvloop installed
     return settings
 
 

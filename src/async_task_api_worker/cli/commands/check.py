@@ -12,6 +12,7 @@ from async_task_api_worker.cli.loading import load_worker
 from async_task_api_worker.runtime.entry import prepare
 from async_task_api_worker.runtime.exit_codes import ExitCode
 from async_task_api_worker.runtime.hooks import shutdown_bound_s
+from async_task_api_worker.runtime.loops import loop_factory
 from async_task_api_worker.settings import CONSUMER_TIMEOUT_MARGIN_S
 
 __all__ = ["check_command"]
@@ -46,4 +47,9 @@ def check_command(target: str) -> int:
         f"5 s close + {hooks:g} s shutdown hooks + 2 s)"
     )
     print(f"terminationGracePeriodSeconds: {math.ceil(bound_s) + 1}")
+    uses_uvloop = loop_factory(settings.worker_event_loop) is not None
+    print(
+        f"event loop: {'uvloop' if uses_uvloop else 'asyncio'} "
+        f"(WORKER_EVENT_LOOP={settings.worker_event_loop.value})"
+    )
     return ExitCode.OK
