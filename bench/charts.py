@@ -33,6 +33,7 @@ def draw(rows: list[Row], out: Path, suffix: str, subtitle: str) -> None:
         axes.text(rate, position, f" {rate:,.0f}", va="center", fontsize=8)
     if rows and rows[0].contender.key == "baseline":
         axes.axvline(rates[0], color="#777777", linestyle="--", linewidth=1)
+    axes.set_xlim(0, max(rates) * 1.12)  # room for the value labels
     axes.invert_yaxis()
     axes.set_xlabel("tasks per second, draining pre-published tasks (median of runs)")
     axes.set_title(f"Throughput, one worker process\n{subtitle}", fontsize=8)
@@ -52,8 +53,8 @@ def draw(rows: list[Row], out: Path, suffix: str, subtitle: str) -> None:
     axes.set_yticks(list(positions), [row.contender.label for row in timed])
     axes.invert_yaxis()
     axes.set_xlabel(
-        "round trip, ms: publish one task, wait for its terminal report (idle); "
-        "only contenders that publish reports"
+        "round trip, ms: publish one task, wait for its terminal report (idle)\n"
+        "only the contenders that publish reports"
     )
     axes.set_title(f"Latency\n{subtitle}", fontsize=8)
     axes.legend()

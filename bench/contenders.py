@@ -143,6 +143,15 @@ CONTENDERS = [
         our_envelope,
         env={"PREFETCH": "8"},
     ),
+    Contender(
+        "baseline-p8-uvloop",
+        "raw aio-pika loop, prefetch 8, on uvloop",
+        [sys.executable, "-m", "bench.baseline", "uvloop"],
+        _OURS,
+        our_envelope,
+        ("uvloop",),
+        env={"PREFETCH": "8"},
+    ),
     _ours("ours-c1", "ours, async, concurrency 1", "worker", {}, smoke=True),
     _ours("ours-c8", "ours, async, concurrency 8", "worker", {"WORKER_CONCURRENCY": "8"}),
     _ours(

@@ -6,6 +6,7 @@ import asyncio
 import logging
 import os
 import uuid
+from collections.abc import Coroutine
 from typing import Any
 
 import aio_pika
@@ -25,6 +26,21 @@ def env(name: str) -> str:
     if not value:
         raise SystemExit(f"{name} is not set")
     return value
+
+
+def serve(main: Coroutine[Any, Any, None]) -> None:
+    """Run a peer's asyncio worker on the loop its own CLI would pick: uvloop when installed.
+
+    ``faststream run`` and ``taskiq worker`` both switch to uvloop when it is importable, as
+    our worker does (``WORKER_EVENT_LOOP=auto``), so the comparison is loop for loop.
+    """
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(main)
+        return
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(main)
 
 
 def log_level() -> int:

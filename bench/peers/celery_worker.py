@@ -33,7 +33,7 @@ Settings (Celery's defaults otherwise):
 
 SIGTERM starts Celery's warm shutdown (exit code 0), but since Celery 5.3 the handler only sets
 a flag that the worker's event loop reads when it next wakes up; idle, kombu's hub sleeps up to
-10 s between timers, so the exit comes 5-10 s after the signal (about 6 s for prefork, 10 s for
+10 s between timers, so the exit comes 4-10 s after the signal (about 4 s for prefork, 10 s for
 threads here).
 
 ``OUT_QUEUE_NAME`` is not used: Celery sends no reports.

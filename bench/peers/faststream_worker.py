@@ -3,7 +3,7 @@
 Run as ``python -m bench.peers.faststream_worker`` (FastStream's default: no QoS, so RabbitMQ
 sends the whole queue and every message runs as its own asyncio task at once) or
 ``python -m bench.peers.faststream_worker prefetch8`` (``Channel(prefetch_count=8)``: at most 8
-unacked, like a concurrency of 8). One OS process: ``FastStream(broker).run()`` in-process
+unacked, like a concurrency of 8; ``prefetch32`` likewise). One OS process: ``FastStream(broker).run()`` in-process
 (it handles SIGTERM/SIGINT itself), not the ``faststream run`` CLI.
 
 For every task (JSON ``{"task_id": ..., "input": {"text": ...}}`` on ``IN_QUEUE_NAME``, validated
@@ -20,10 +20,12 @@ own (with the QoS) and publishes on the default one. FastStream publishes with
 ``mandatory=True`` by default (an unroutable report comes back as a ``basic.return``).
 
 Timing caveat for the default variant: with no QoS the whole backlog is delivered at once and
-2000 handlers interleave, so the first task finishes late (about 1 s after the first delivery
-for 2000 tasks here) and the span from the first to the last ``mark()`` leaves most of that
-second out: it overstates the rate compared with bounded contenders. Time it from its first
-``started`` report, or from the worker's start.
+every handler interleaves with the others, so the first task finishes late (about 1 s after the
+first delivery for 2,000 tasks, in a trial) and the span from the first to the last ``mark()``
+leaves most of that out: it overstates the rate compared with bounded contenders. The
+benchmark times it from its first ``started`` report instead.
+
+Event loop: uvloop when installed, as ``faststream run`` picks (:func:`bench.peers._common.serve`).
 
 Queues: ``IN_QUEUE_NAME`` and ``OUT_QUEUE_NAME``, durable; ``OUT_QUEUE_NAME`` is declared before
 the subscriber starts. FastStream's ``RabbitQueue`` always sends ``x-queue-type`` (``classic``
@@ -51,7 +53,7 @@ from pydantic import BaseModel
 
 from bench.peers import _common, _done
 
-VARIANTS: dict[str, int | None] = {"default": None, "prefetch8": 8}
+VARIANTS: dict[str, int | None] = {"default": None, "prefetch8": 8, "prefetch32": 32}
 PUBLISH_BATCH = 500
 
 
@@ -158,7 +160,7 @@ def main(argv: list[str]) -> None:
         _common.queue_type(url),
     )
     _common.env("BENCH_DONE_FILE")
-    asyncio.run(app.run(log_level=_common.log_level()))
+    _common.serve(app.run(log_level=_common.log_level()))
 
 
 if __name__ == "__main__":

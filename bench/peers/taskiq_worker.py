@@ -5,7 +5,8 @@ is run in-process the way one worker process of ``taskiq worker`` runs it (the C
 ``--workers``, 2 by default, under a supervisor), with the CLI's defaults: ``max_async_tasks=100``,
 ``max_prefetch=0``, ``ack_type=when_saved`` (ack once the result is "saved": there is no result
 backend, so right after the task returns), a thread pool for sync tasks (unused here), and on
-SIGTERM/SIGINT it stops fetching, waits for running tasks, then shuts the broker down.
+SIGTERM/SIGINT it stops fetching, waits for running tasks, then shuts the broker down. It runs
+on uvloop when installed, as ``taskiq worker`` does (:func:`bench.peers._common.serve`).
 
 Broker settings (taskiq-aio-pika's defaults otherwise): ``qos=10`` (prefetch 10 on the
 consuming channel, so at most 10 tasks run at once despite ``max_async_tasks=100``), a durable
@@ -106,7 +107,7 @@ def main(argv: list[str]) -> None:
         raise SystemExit(f"taskiq_worker takes no variant, got {argv}")
     logging.basicConfig(level=_common.log_level())
     _common.env("BENCH_DONE_FILE")
-    asyncio.run(_serve())
+    _common.serve(_serve())
 
 
 if __name__ == "__main__":
