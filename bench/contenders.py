@@ -200,6 +200,14 @@ CONTENDERS = [
         _faststream_envelope,
         ("faststream",),
     ),
+    Contender(
+        "faststream-p32",
+        "FastStream, started + success reports, prefetch 32",
+        [sys.executable, "-m", "bench.peers.faststream_worker", "prefetch32"],
+        _peer_publish("bench.peers.faststream_worker"),
+        _faststream_envelope,
+        ("faststream",),
+    ),
     _peer(
         "celery-prefork",
         "Celery, acks late, prefork x2 (3 processes), no report",

@@ -3,8 +3,9 @@
 Run as ``python -m bench.peers.faststream_worker`` (FastStream's default: no QoS, so RabbitMQ
 sends the whole queue and every message runs as its own asyncio task at once) or
 ``python -m bench.peers.faststream_worker prefetch8`` (``Channel(prefetch_count=8)``: at most 8
-unacked, like a concurrency of 8; ``prefetch32`` likewise). One OS process: ``FastStream(broker).run()`` in-process
-(it handles SIGTERM/SIGINT itself), not the ``faststream run`` CLI.
+unacked, like a concurrency of 8; ``prefetch32`` likewise). One OS process:
+``FastStream(broker).run()`` in-process (it handles SIGTERM/SIGINT itself), not the
+``faststream run`` CLI.
 
 For every task (JSON ``{"task_id": ..., "input": {"text": ...}}`` on ``IN_QUEUE_NAME``, validated
 into a pydantic model by FastStream): publish a ``started`` report, count the words, publish a
