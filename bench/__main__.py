@@ -101,15 +101,17 @@ def table(rows: list[Row], queue_type: str) -> list[str]:
     """The Markdown table of the medians."""
     base = rows[0].tasks_per_s if rows and rows[0].contender.key == "baseline" else None
     lines = [
-        f"| contender ({queue_type} queues) | tasks/s | x baseline | CPU ms/task "
+        f"| contender ({queue_type} queues) | tasks/s | runs' range | x baseline | CPU ms/task "
         "| broker CPU ms/task | round trip p50 ms | p99 ms | RSS after 1k MiB | RSS at end MiB "
         "| peak RSS MiB | SIGTERM to exit s | exit |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in rows:
         rate = row.tasks_per_s
+        rates = [r.tasks_per_s for r in row.runs]
         lines.append(
-            f"| {row.contender.label} | {rate:,.0f} | {_fmt(base and rate / base, '.2f')} "
+            f"| {row.contender.label} | {rate:,.0f} | {min(rates):,.0f} to {max(rates):,.0f} "
+            f"| {_fmt(base and rate / base, '.2f')} "
             f"| {row.median('cpu_ms_per_task'):.3f} | {row.median('broker_cpu_ms_per_task'):.3f} "
             f"| {_fmt(row.round_trip_ms(0.5), '.2f')} | {_fmt(row.round_trip_ms(0.99), '.2f')} "
             f"| {row.median('rss_early_mb'):.1f} | {row.median('rss_end_mb'):.1f} "
