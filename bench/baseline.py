@@ -17,6 +17,8 @@ from datetime import UTC, datetime
 
 import aio_pika
 
+from bench.loops import run
+
 
 async def main() -> None:
     """Serve until SIGTERM."""
@@ -64,10 +66,4 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:] == ["uvloop"]:
-        import uvloop
-
-        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-            runner.run(main())
-    else:
-        asyncio.run(main())
+    run(main(), uvloop=sys.argv[1:] == ["uvloop"])

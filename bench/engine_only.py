@@ -16,7 +16,6 @@ own cost.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import time
 
 from async_task_api_worker.engine.engine import Engine
@@ -26,6 +25,7 @@ from async_task_api_worker.ports import Delivery
 from async_task_api_worker.protocol.reports import EncodedReport
 from async_task_api_worker.settings import load_settings
 from bench.contenders import our_envelope
+from bench.loops import run
 from bench.trivial_worker import worker
 
 
@@ -71,14 +71,8 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, default=20_000)
     parser.add_argument("--loop", choices=["asyncio", "uvloop"], default="asyncio")
     arguments = parser.parse_args()
-    # Not runtime.loops, so that the same command measures older code put on PYTHONPATH.
-    if arguments.loop == "uvloop":
-        import uvloop
-
-        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-            cost_ms = runner.run(per_task_ms(arguments.tasks))
-    else:
-        cost_ms = asyncio.run(per_task_ms(arguments.tasks))
+    # bench.loops, not runtime.loops, so that this also measures older code on PYTHONPATH.
+    cost_ms = run(per_task_ms(arguments.tasks), uvloop=arguments.loop == "uvloop")
     print(f"engine alone, {arguments.loop}: {cost_ms:.3f} ms of CPU per task")
 
 

@@ -11,6 +11,8 @@ from typing import Any
 
 import aio_pika
 
+from bench.loops import run
+
 TEXT = "the quick brown fox"
 """Every task's input."""
 
@@ -34,13 +36,7 @@ def serve(main: Coroutine[Any, Any, None]) -> None:
     ``faststream run`` and ``taskiq worker`` both switch to uvloop when it is importable, as
     our worker does (``WORKER_EVENT_LOOP=auto``), so the comparison is loop for loop.
     """
-    try:
-        import uvloop
-    except ImportError:
-        asyncio.run(main)
-        return
-    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        runner.run(main)
+    run(main, uvloop=None)
 
 
 def log_level() -> int:
