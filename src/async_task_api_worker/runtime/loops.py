@@ -2,7 +2,7 @@
 
 uvloop runs the same code with less CPU per callback and per socket write; on the throughput
 benchmark it is the largest single gain (docs/benchmarks.md). It is an optional extra
-(``pip install "async-task-api-worker[uvloop]"``), so ``auto`` falls back to asyncio.
+(``async-task-api-worker[uvloop]``, README "Install"), so ``auto`` falls back to asyncio.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def loop_factory(kind: EventLoopKind) -> Callable[[], asyncio.AbstractEventLoop]
         if kind is EventLoopKind.UVLOOP:
             raise SettingsError(
                 "WORKER_EVENT_LOOP=uvloop but uvloop is not installed "
-                '(pip install "async-task-api-worker[uvloop]")'
+                "(install the package with its extra: async-task-api-worker[uvloop])"
             ) from None
         return None
     factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
