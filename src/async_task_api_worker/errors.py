@@ -14,6 +14,7 @@ The tree::
     │   └── ReportEncodeError      a report that cannot be encoded (too large, not JSON)
     ├── TransportError             a broker operation failed (mapped from the client library)
     │   ├── PublishError           a report was not confirmed by the broker
+    │   │   └── MessageTooLargeError   the broker refused it for its size, for good
     │   ├── SettleError            an ack, requeue or reject did not reach the broker
     │   └── BrokerUnavailableError the broker could not be reached in time
     └── ConfigError (ValueError)   misuse and configuration, kept apart from runtime failures
@@ -65,6 +66,7 @@ __all__ = [
     "InvalidWorkerNameError",
     "IsolatedTaskError",
     "IsolationError",
+    "MessageTooLargeError",
     "NoTaskError",
     "OutputModelError",
     "ProtocolError",
@@ -294,6 +296,16 @@ class TransportError(AsyncTaskWorkerError):
 
 class PublishError(TransportError):
     """A report was not published, or the broker did not confirm it."""
+
+
+class MessageTooLargeError(PublishError):
+    """The broker refused a report for its size (RabbitMQ's ``max_message_size``).
+
+    Publishing it again cannot help: the task concludes with ``RESULT_TOO_LARGE``.
+    """
+
+    code: ClassVar[str] = "RESULT_TOO_LARGE"
+    retryable: ClassVar[bool] = False
 
 
 class SettleError(TransportError):

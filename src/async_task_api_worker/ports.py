@@ -163,6 +163,8 @@ class Settlement:
         poison_reason: for ``poison``, why the body was refused.
         settled: whether the broker accepted the settle (``False``: the ack/requeue/reject
             failed, and the broker will redeliver on its own).
+        reason: for a give-back of a task that was not at fault, why (``publish_failed``: its
+            report could not get out before the broker could time the delivery out).
     """
 
     outcome: Outcome
@@ -174,6 +176,7 @@ class Settlement:
     requeue_counted: bool = False
     poison_reason: str | None = None
     settled: bool = True
+    reason: str | None = None
 
 
 @runtime_checkable
@@ -192,6 +195,11 @@ class Transport(Protocol):
     @property
     def consuming(self) -> bool:
         """Whether the broker connection is up and the consumer active right now (readiness)."""
+        ...
+
+    @property
+    def publishing_blocked(self) -> bool:
+        """Whether reports cannot be published right now (the broker blocks them: readiness)."""
         ...
 
     async def connect(self) -> None:

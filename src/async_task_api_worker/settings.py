@@ -15,21 +15,21 @@ from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from async_task_api_worker.errors import SettingsError, TimeBudgetError
+from async_task_api_worker.protocol.encoding import MAX_REPORT_BYTES
 
 __all__ = [
-    "CONSUMER_TIMEOUT_MARGIN_S",
     "EventLoopKind",
     "LogLevel",
     "WorkerMode",
     "WorkerSettings",
     "check_time_budget",
+    "describe_time_budget",
     "load_settings",
+    "split_broker_urls",
 ]
 
-#: The slack the budget rule keeps between the worst case and the broker's consumer timeout:
-#: RabbitMQ checks ``consumer_timeout`` on its channel tick (every 60 s by default), and the
-#: settle itself needs a moment.
-CONSUMER_TIMEOUT_MARGIN_S: Final = 60.0
+#: The schemes ``BROKER_URL`` accepts, and their default ports.
+_AMQP_PORTS: Final = {"amqp": 5672, "amqps": 5671}
 
 PositiveSeconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 NonNegativeSeconds = Annotated[float, Field(ge=0, allow_inf_nan=False)]
@@ -75,17 +75,30 @@ class WorkerSettings(BaseSettings):
 
     # --- broker -------------------------------------------------------------------------------
     broker_url: SecretStr = SecretStr("amqp://guest:guest@localhost:5672/")
-    """AMQP URL of the broker (``amqp://user:password@host:5672/vhost``); never logged whole."""
+    """AMQP URL of the broker (``amqp://user:password@host:5672/vhost``), or several separated
+    by commas (the nodes of a cluster, tried in turn); passwords are never logged."""
+    broker_heartbeat_s: Annotated[int, Field(ge=1, le=600)] = 15
+    """AMQP heartbeat timeout asked of the broker, in whole seconds (a URL's own
+    ``?heartbeat=`` wins). The worker takes a connection for dead after two of them without a
+    frame, and reports ``broker`` not ready after one."""
     in_queue_name: Annotated[str, Field(min_length=1, max_length=255)] | None = None
     """Queue the tasks arrive on; default ``<worker name>_queue_in``."""
     out_queue_name: Annotated[str, Field(min_length=1, max_length=255)] | None = None
     """Queue the reports are published to; default ``<worker name>_queue_out``."""
     worker_consumer_timeout_s: PositiveSeconds = 1800.0
-    """The broker's ``consumer_timeout`` (RabbitMQ's default: 30 min), for the budget check."""
+    """The broker's ``consumer_timeout`` (RabbitMQ's default: 30 min): the budget check, and the
+    longest a delivery is held while its report cannot get out."""
+    worker_consumer_timeout_check_interval_s: PositiveSeconds = 60.0
+    """How often the broker checks the consumer timeout (RabbitMQ's channel tick,
+    ``channel_tick_interval``: 60 s by default), in seconds: the slack kept under
+    ``WORKER_CONSUMER_TIMEOUT_S``."""
     worker_max_message_bytes: Annotated[int, Field(ge=1024, le=512 * 1024 * 1024)] = (
         16 * 1024 * 1024
     )
     """Largest inbound body accepted, in bytes; a larger one is a poison message."""
+    worker_max_report_bytes: Annotated[int, Field(ge=4096, le=MAX_REPORT_BYTES)] = MAX_REPORT_BYTES
+    """Largest report published, in bytes (the broker's ``max_message_size``, if lower): a
+    larger ``success`` is reported as a ``RESULT_TOO_LARGE`` failure."""
 
     # --- tasks --------------------------------------------------------------------------------
     worker_mode: WorkerMode = WorkerMode.SERVICE
@@ -128,9 +141,23 @@ class WorkerSettings(BaseSettings):
     @field_validator("broker_url")
     @classmethod
     def _amqp_url(cls, value: SecretStr) -> SecretStr:
-        if not value.get_secret_value().startswith(("amqp://", "amqps://")):
-            raise ValueError("must be an amqp:// or amqps:// URL")
+        split_broker_urls(value.get_secret_value())
         return value
+
+    def broker_urls(self) -> tuple[str, ...]:
+        """The broker URLs of ``BROKER_URL``, in the order they are tried."""
+        return split_broker_urls(self.broker_url.get_secret_value())
+
+    def delivery_hold_s(self) -> float:
+        """The longest a delivery may stay unacked before the broker may time it out, in s.
+
+        ``WORKER_CONSUMER_TIMEOUT_S - WORKER_CONSUMER_TIMEOUT_CHECK_INTERVAL_S``, positive
+        whenever the time-budget rule holds: a report that cannot get out is retried, holding
+        its delivery, until then.
+        """
+        return max(
+            0.0, self.worker_consumer_timeout_s - self.worker_consumer_timeout_check_interval_s
+        )
 
     @classmethod
     def settings_customise_sources(
@@ -199,11 +226,44 @@ def load_settings(
         raise SettingsError(f"invalid setting {name}: {first['msg']}{more}") from None
 
 
+def split_broker_urls(value: str) -> tuple[str, ...]:
+    """Split ``BROKER_URL`` at its commas and check each URL.
+
+    Rule: each is ``amqp://`` or ``amqps://``, names a host, and any port is in 1..65535.
+
+    Returns:
+        The URLs, stripped of surrounding white space, in the order given.
+
+    Raises:
+        ValueError: a URL breaks the rule; the message names its position, never its text.
+    """
+    from urllib.parse import urlsplit
+
+    urls = tuple(part.strip() for part in value.split(","))
+    for position, url in enumerate(urls, start=1):
+        which = f"URL {position} of {len(urls)}" if len(urls) > 1 else "the URL"
+        try:
+            parts = urlsplit(url)
+            port = parts.port
+        except ValueError:
+            raise ValueError(f"{which} has a port out of 1..65535 or does not parse") from None
+        if any(character.isspace() for character in url):
+            raise ValueError(f"{which} holds white space (separate several URLs with commas)")
+        if parts.scheme not in _AMQP_PORTS:
+            raise ValueError(f"{which} must be an amqp:// or amqps:// URL")
+        if not parts.hostname:
+            raise ValueError(f"{which} names no host")
+        if port == 0:
+            raise ValueError(f"{which} has a port out of 1..65535")
+    return urls
+
+
 def check_time_budget(settings: WorkerSettings, declared_timeout_s: float) -> float:
     """Check that a task can always be settled before the broker's consumer timeout.
 
-    Rule (RabbitMQ closes the channel of a delivery left unacked past ``consumer_timeout``):
-    ``task timeout + WORKER_RETRY_BACKOFF_MAX_S + 60 s < WORKER_CONSUMER_TIMEOUT_S``.
+    Rule (RabbitMQ closes the channel of a delivery left unacked past ``consumer_timeout``,
+    checked on its channel tick): ``task timeout + WORKER_RETRY_BACKOFF_MAX_S +
+    WORKER_CONSUMER_TIMEOUT_CHECK_INTERVAL_S < WORKER_CONSUMER_TIMEOUT_S``.
 
     Args:
         settings: the worker's settings.
@@ -216,12 +276,26 @@ def check_time_budget(settings: WorkerSettings, declared_timeout_s: float) -> fl
         TimeBudgetError: the rule does not hold; the one-line message gives the numbers.
     """
     timeout_s = settings.task_timeout_s(declared_timeout_s)
-    needed_s = timeout_s + settings.worker_retry_backoff_max_s + CONSUMER_TIMEOUT_MARGIN_S
+    check_s = settings.worker_consumer_timeout_check_interval_s
+    needed_s = timeout_s + settings.worker_retry_backoff_max_s + check_s
     if not needed_s < settings.worker_consumer_timeout_s or not math.isfinite(needed_s):
         raise TimeBudgetError(
-            f"task timeout {timeout_s:g} s + WORKER_RETRY_BACKOFF_MAX_S "
-            f"{settings.worker_retry_backoff_max_s:g} s + {CONSUMER_TIMEOUT_MARGIN_S:g} s = "
-            f"{needed_s:g} s must be under WORKER_CONSUMER_TIMEOUT_S "
-            f"{settings.worker_consumer_timeout_s:g} s"
+            f"{describe_time_budget(settings, timeout_s)} must be under "
+            f"WORKER_CONSUMER_TIMEOUT_S {settings.worker_consumer_timeout_s:g} s: lower the task "
+            "timeout or WORKER_RETRY_BACKOFF_MAX_S, or raise the broker's consumer_timeout "
+            "(rabbitmq.conf, in ms) and WORKER_CONSUMER_TIMEOUT_S to match; a broker that checks "
+            "it more often (channel_tick_interval) allows a lower "
+            "WORKER_CONSUMER_TIMEOUT_CHECK_INTERVAL_S"
         )
     return timeout_s
+
+
+def describe_time_budget(settings: WorkerSettings, timeout_s: float) -> str:
+    """The budget's sum in words: ``task timeout 30 s + ... = 120 s`` (for errors and ``check``)."""
+    backoff_s = settings.worker_retry_backoff_max_s
+    check_s = settings.worker_consumer_timeout_check_interval_s
+    return (
+        f"task timeout {timeout_s:g} s + WORKER_RETRY_BACKOFF_MAX_S {backoff_s:g} s + "
+        f"WORKER_CONSUMER_TIMEOUT_CHECK_INTERVAL_S {check_s:g} s = "
+        f"{timeout_s + backoff_s + check_s:g} s"
+    )

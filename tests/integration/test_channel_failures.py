@@ -17,7 +17,7 @@ from tests.integration.test_run_on_rabbitmq import collect
 
 def transport_for(queues: Queues) -> RabbitMQTransport:
     return RabbitMQTransport(
-        url=queues.url, in_queue=queues.in_queue, out_queue=queues.out_queue, prefetch=1
+        urls=[queues.url], in_queue=queues.in_queue, out_queue=queues.out_queue, prefetch=1
     )
 
 

@@ -163,7 +163,14 @@ def test_check_prints_the_budget_and_the_shutdown_bound(
     assert main(["check", "examples.count_words:worker"]) == 0
     out = capsys.readouterr().out
     assert "worker count-words: async handler, service mode" in out
-    assert "= 120 s < consumer timeout 1800 s: ok" in out
+    assert (
+        "time budget: task timeout 30 s + WORKER_RETRY_BACKOFF_MAX_S 30 s + "
+        "WORKER_CONSUMER_TIMEOUT_CHECK_INTERVAL_S 60 s = 120 s < WORKER_CONSUMER_TIMEOUT_S "
+        "1800 s: ok"
+    ) in out
+    assert "holds its delivery for up to 1740 s from its arrival" in out
+    assert "largest report: 16777216 bytes (WORKER_MAX_REPORT_BYTES)" in out
+    assert "broker: 1 URL, heartbeat 15 s (a connection silent for 30 s is taken for dead)" in out
     assert "shutdown bound: 27 s after SIGTERM" in out
     assert "terminationGracePeriodSeconds: 28" in out
 

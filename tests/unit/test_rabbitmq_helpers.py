@@ -11,6 +11,8 @@ import pytest
 from async_task_api_worker.errors import BrokerUnavailableError
 from async_task_api_worker.observability.redaction import redact_url
 from async_task_api_worker.transports.rabbitmq import RabbitMQTransport
+from async_task_api_worker.transports.rabbitmq.link import with_heartbeat
+from async_task_api_worker.transports.rabbitmq.topology import inequivalent_argument
 from async_task_api_worker.transports.rabbitmq.transport import delivery_count_of
 
 
@@ -28,8 +30,11 @@ from async_task_api_worker.transports.rabbitmq.transport import delivery_count_o
         ({"x-delivery-count": -1}, True, 0),
         ({"x-delivery-count": True}, True, None),  # a bool is not a count
         ({"x-delivery-count": "many"}, True, None),
-        ({"x-delivery-count": "\u00b2"}, False, None),  # str.isdigit() says yes; int() says no
-        ({"x-delivery-count": "9" * 5000}, False, None),
+        ({"x-delivery-count": "\u00b2"}, True, None),  # str.isdigit() says yes; int() says no
+        ({"x-delivery-count": "9" * 5000}, True, None),
+        # A first delivery is attempt 1 whatever a producer forged (3.10 passes it through).
+        ({"x-delivery-count": 7}, False, 0),
+        ({"x-delivery-count": "many"}, False, 0),
         ({"x-delivery-count": 10**30}, True, 1_000_000_000),
         ({"x-delivery-count": Decimal("Infinity")}, True, None),
     ],
@@ -65,18 +70,60 @@ async def test_an_unreachable_broker_is_retried_with_a_log_then_given_up(
 ) -> None:
     caplog.set_level(logging.WARNING, logger="async_task_api_worker")
     transport = RabbitMQTransport(
-        url=f"amqp://guest:s3cret@127.0.0.1:{_closed_port()}/",
+        urls=[
+            f"amqp://guest:s3cret@127.0.0.1:{_closed_port()}/",
+            f"amqp://other:s3cret2@127.0.0.1:{_closed_port()}/",
+        ],
         in_queue="in",
         out_queue="out",
         prefetch=1,
         connect_timeout_s=1.2,
     )
-    with pytest.raises(BrokerUnavailableError, match=r"not reachable within 1\.2 s") as error:
+    with pytest.raises(BrokerUnavailableError, match=r"reachable within 1\.2 s") as error:
         await transport.connect()
     assert "s3cret" not in str(error.value)
+    assert "guest:***@" in str(error.value) and "other:***@" in str(error.value)
     retries = [
         r.getMessage() for r in caplog.records if "Cannot reach the broker" in r.getMessage()
     ]
     assert retries
     assert all("s3cret" not in message and "***" in message for message in retries)
     assert transport.connected is False
+
+
+@pytest.mark.parametrize(
+    ("reply", "expected"),
+    [
+        (
+            "PRECONDITION_FAILED - inequivalent arg 'x-max-length' for queue 'q' in vhost 'v': "
+            "received none but current is the value '10' of type 'byte'",
+            ("x-max-length", 10),
+        ),
+        (
+            "PRECONDITION_FAILED - inequivalent arg 'x-dead-letter-exchange' for queue 'q' in "
+            "vhost 'v': received none but current is the value 'dlx' of type 'longstr'",
+            ("x-dead-letter-exchange", "dlx"),
+        ),
+        (
+            "PRECONDITION_FAILED - inequivalent arg 'x-queue-type' for queue 'q' in vhost 'v': "
+            "received the value 'quorum' of type 'longstr' but current is none",
+            ("x-queue-type", None),
+        ),
+        (
+            "PRECONDITION_FAILED - inequivalent arg 'x-queue-type' for queue 'q' in vhost 'v': "
+            "received the value 'quorum' of type 'longstr' but current is the value 'stream' of "
+            "type 'longstr'",
+            ("x-queue-type", "stream"),
+        ),
+        ("PRECONDITION_FAILED - message size 20 is larger than configured max size 10", None),
+    ],
+)
+def test_the_argument_the_broker_names_is_read_from_its_reply(
+    reply: str, expected: tuple[str, object] | None
+) -> None:
+    assert inequivalent_argument(reply) == expected
+
+
+def test_each_url_asks_for_the_heartbeat_unless_it_names_its_own() -> None:
+    assert with_heartbeat("amqp://u:p@h:5672/v", 15) == "amqp://u:p@h:5672/v?heartbeat=15"
+    assert with_heartbeat("amqp://u:p@h/v?heartbeat=5", 15) == "amqp://u:p@h/v?heartbeat=5"

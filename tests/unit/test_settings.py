@@ -163,3 +163,50 @@ def test_an_amqps_url_is_accepted() -> None:
         load_settings({"broker_url": url}, read_environment=False).broker_url.get_secret_value()
         == url
     )
+
+
+@pytest.mark.parametrize(
+    ("url", "rule"),
+    [
+        ("amqp://u:pw@h:99999/", "port out of 1..65535"),
+        ("amqp://u:pw@h:0/", "port out of 1..65535"),
+        ("amqp://u:pw@:5672/", "names no host"),
+        ("amqp:///vhost", "names no host"),
+        ("http://u:pw@h/", "amqp:// or amqps://"),
+        ("amqp://u:pw@a:5672/ amqp://u:pw@b:5672/", "white space"),
+        ("amqp://u:pw@a:5672/,", "URL 2 of 2 must be an amqp://"),
+        ("amqp://u:pw@a:5672/,amqp://u:pw@b:70000/", "URL 2 of 2 has a port out of"),
+    ],
+)
+def test_an_invalid_broker_url_is_a_one_line_settings_error(url: str, rule: str) -> None:
+    with pytest.raises(SettingsError, match=r"invalid setting BROKER_URL") as error:
+        load_settings({"broker_url": url}, read_environment=False)
+    message = str(error.value)
+    assert rule in message
+    assert "pw" not in message and "\n" not in message
+
+
+def test_several_broker_urls_are_tried_in_the_order_given() -> None:
+    settings = load_settings(
+        {"broker_url": "amqp://a:1@n1:5701/v, amqps://b:2@n2/v"}, read_environment=False
+    )
+    assert settings.broker_urls() == ("amqp://a:1@n1:5701/v", "amqps://b:2@n2/v")
+
+
+def test_the_budget_margin_is_the_consumer_timeout_check_interval() -> None:
+    settings = load_settings(
+        {
+            "worker_consumer_timeout_s": 20,
+            "worker_consumer_timeout_check_interval_s": 2,
+            "worker_retry_backoff_max_s": 1,
+        },
+        read_environment=False,
+    )
+    assert check_time_budget(settings, 16.9) == 16.9  # 16.9 + 1 + 2 < 20
+    assert settings.delivery_hold_s() == 18.0
+    with pytest.raises(TimeBudgetError) as error:
+        check_time_budget(settings, 17.0)
+    message = str(error.value)
+    assert "WORKER_CONSUMER_TIMEOUT_CHECK_INTERVAL_S 2 s = 20 s" in message
+    assert "raise the broker's consumer_timeout" in message
+    assert "lower the task timeout or WORKER_RETRY_BACKOFF_MAX_S" in message

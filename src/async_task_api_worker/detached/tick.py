@@ -85,11 +85,12 @@ class _Tick:
         self.timeout_s = settings.task_timeout_s(self.task.timeout_s)
         self.report = TickReport()
         self.transport = RabbitMQTransport(
-            url=settings.broker_url.get_secret_value(),
+            urls=settings.broker_urls(),
             in_queue=settings.in_queue(worker.name),
             out_queue=settings.out_queue(worker.name),
             prefetch=1,
             service=worker.name,
+            heartbeat_s=settings.broker_heartbeat_s,
             connect_timeout_s=10.0,
         )
 
@@ -104,7 +105,10 @@ class _Tick:
             wall_clock=lambda: datetime.now(UTC),
             notify=lambda event: None,
             monotonic=time.monotonic,
-            retry_window_s=min(10.0, self.settings.worker_retry_backoff_max_s),
+            # A tick's budget is short: a report is held for at most 10 s, never for as long
+            # as the broker's consumer timeout would allow.
+            hold_until=time.monotonic() + min(10.0, self.settings.worker_retry_backoff_max_s),
+            max_report_bytes=self.settings.worker_max_report_bytes,
         )
 
     async def publish_result(self, result: dict[str, Any]) -> None:

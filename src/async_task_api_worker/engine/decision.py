@@ -11,22 +11,31 @@ import logging
 
 from async_task_api_worker.ports import Settlement
 
-__all__ = ["DECISION_MESSAGE", "log_decision"]
+__all__ = ["DECISION_MESSAGE", "DECISION_WITH_REASON", "log_decision"]
 
 DECISION_MESSAGE = "Delivery settled: outcome=%s action=%s code=%s attempt=%d/%d"
+#: The same line for a give-back that says why (``reason=report_held_until_consumer_timeout``).
+DECISION_WITH_REASON = DECISION_MESSAGE + " reason=%s"
 
 _logger = logging.getLogger("async_task_api_worker.engine")
 
 
 def log_decision(settlement: Settlement, *, service: str) -> None:
     """Log ``settlement`` as the delivery's decision line (INFO, logger ``...engine``)."""
-    _logger.info(
-        DECISION_MESSAGE,
+    values: tuple[object, ...] = (
         settlement.outcome.value,
         settlement.action.value,
         settlement.code or "-",
         settlement.attempt,
         settlement.delivery_limit,
+    )
+    if settlement.reason is not None:
+        message, values = DECISION_WITH_REASON, (*values, settlement.reason)
+    else:
+        message = DECISION_MESSAGE
+    _logger.info(
+        message,
+        *values,
         extra={
             "task_id": settlement.task_id,
             "service": service,
@@ -38,5 +47,6 @@ def log_decision(settlement: Settlement, *, service: str) -> None:
             "requeue_counted": settlement.requeue_counted,
             "poison_reason": settlement.poison_reason,
             "settled": settlement.settled,
+            "reason": settlement.reason,
         },
     )

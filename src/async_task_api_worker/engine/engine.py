@@ -28,7 +28,7 @@ from async_task_api_worker.definition import HandlerKind, Worker
 from async_task_api_worker.engine.decision import log_decision
 from async_task_api_worker.engine.execution import Raised, Returned, Stopped, StopSignal, execute
 from async_task_api_worker.engine.progress import ProgressThrottle
-from async_task_api_worker.engine.reporting import DeliveryReporter
+from async_task_api_worker.engine.reporting import DeliveryReporter, GiveUp
 from async_task_api_worker.errors import (
     EnvelopeDecodeError,
     IsolatedTaskError,
@@ -81,11 +81,18 @@ class _Verdict:
     counted: bool = False
     poison_reason: str | None = None
     handler_ran: bool = False
+    reason: str | None = None
 
 
-# The task did not fail, its report could not get out (after retries in place): give the
-# delivery back without burning an attempt, or a broker outage would abandon healthy tasks.
-_PUBLISH_FAILED = _Verdict(Outcome.PUBLISH_FAILED, Action.NACK_REQUEUE, counted=False)
+def _publish_failed(run: DeliveryReporter, code: str | None = None) -> _Verdict:
+    """Give the delivery back without burning an attempt, and say why.
+
+    The task was not at fault: its report could not get out, held as long as the broker allows.
+    """
+    why = run.gave_up or GiveUp.HOLD_EXPIRED
+    if why is GiveUp.ABORTED:
+        return _Verdict(Outcome.SHUTDOWN_REQUEUED, Action.NACK_REQUEUE, code=code, reason=why.value)
+    return _Verdict(Outcome.PUBLISH_FAILED, Action.NACK_REQUEUE, code=code, reason=why.value)
 
 
 _RECEIVED = DeliveryReceived()
@@ -171,9 +178,10 @@ class Engine:
         """
         arrived_at = self._monotonic()
         self._notify(_RECEIVED)
-        run = self._reporter_for(delivery)
+        stop = stop or self._never
+        run = self._reporter_for(delivery, arrived_at, stop)
         try:
-            verdict = await self._process(run, stop or self._never)
+            verdict = await self._process(run, stop)
         except asyncio.CancelledError:
             given_back = _Verdict(Outcome.CANCELLED, Action.NACK_REQUEUE)
             await self._settle_shielded(run, given_back, arrived_at)
@@ -198,7 +206,9 @@ class Engine:
         settling.add_done_callback(self._settling.discard)
         return await asyncio.shield(settling)
 
-    def _reporter_for(self, delivery: Delivery) -> DeliveryReporter:
+    def _reporter_for(
+        self, delivery: Delivery, arrived_at: float, stop: StopSignal
+    ) -> DeliveryReporter:
         limit = self._settings.worker_delivery_limit
         count_known = delivery.delivery_count is not None and self._transport.delivery_count_known
         if not count_known:
@@ -218,7 +228,11 @@ class Engine:
             wall_clock=self._wall_clock,
             notify=self._notify,
             monotonic=self._monotonic,
-            retry_window_s=self._settings.worker_retry_backoff_max_s,
+            # A report that cannot get out holds its delivery until the broker could time it
+            # out: giving it back sooner would count an attempt against a task not at fault.
+            hold_until=arrived_at + self._settings.delivery_hold_s(),
+            max_report_bytes=self._settings.worker_max_report_bytes,
+            abort=stop.aborted,
         )
 
     async def _process(self, run: DeliveryReporter, stop: StopSignal) -> _Verdict:
@@ -253,7 +267,7 @@ class Engine:
                 f"invalid input: {describe_validation_error(exc, known_names=self._input_names)}",
             )
         if not await run.publish_started():
-            return _PUBLISH_FAILED
+            return _publish_failed(run)
         self._notify(TaskStarted(envelope.task_id))
         return replace(await self._run_task(run, envelope, task_input, stop), handler_ran=True)
 
@@ -362,7 +376,7 @@ class Engine:
             code = ErrorCode.RESULT_TOO_LARGE if exc.too_large else ErrorCode.INVALID_RESULT
             return await self._fail(run, code, f"the handler's result cannot be reported: {exc}")
         if not published:
-            return _PUBLISH_FAILED
+            return _publish_failed(run)
         return _Verdict(Outcome.SUCCESS, Action.ACK)
 
     async def _retry_or_fail(
@@ -415,7 +429,7 @@ class Engine:
 
     async def _fail(self, run: DeliveryReporter, code: str, message: str) -> _Verdict:
         if not await run.publish_failure(code, message):
-            return replace(_PUBLISH_FAILED, code=code)
+            return _publish_failed(run, code)
         return _Verdict(Outcome.FAILURE, Action.CONCLUDE, code=code)
 
     def _fields(self, run: DeliveryReporter) -> dict[str, Any]:
@@ -458,6 +472,7 @@ class Engine:
             delivery_limit=run.limit,
             requeue_counted=verdict.counted,
             poison_reason=verdict.poison_reason,
+            reason=verdict.reason,
         )
         try:
             if verdict.action is Action.NACK_REQUEUE:

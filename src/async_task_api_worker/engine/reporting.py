@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime
+from enum import StrEnum
 from typing import Any, Final
 
 from async_task_api_worker.context import ProgressDropReason, ProgressUpdate, task_log_extra
-from async_task_api_worker.errors import PublishError, ReportEncodeError
+from async_task_api_worker.errors import MessageTooLargeError, PublishError, ReportEncodeError
 from async_task_api_worker.observability.redaction import exception_type_name
 from async_task_api_worker.ports import (
     CancelToken,
@@ -21,6 +22,7 @@ from async_task_api_worker.ports import (
     ReportPublished,
     Transport,
 )
+from async_task_api_worker.protocol.encoding import MAX_REPORT_BYTES
 from async_task_api_worker.protocol.reports import (
     MAX_ERROR_MESSAGE_CHARS,
     FailureReport,
@@ -32,14 +34,33 @@ from async_task_api_worker.protocol.reports import (
     format_timestamp,
 )
 
-__all__ = ["PUBLISH_RETRY_FIRST_S", "PUBLISH_RETRY_MAX_S", "DeliveryReporter"]
+__all__ = [
+    "PROGRESS_CONFIRM_WAIT_S",
+    "PUBLISH_RETRY_FIRST_S",
+    "PUBLISH_RETRY_MAX_S",
+    "DeliveryReporter",
+    "GiveUp",
+]
 
 #: The first wait before publishing an unconfirmed report again, in seconds; it doubles.
 PUBLISH_RETRY_FIRST_S: Final = 0.1
 #: The longest wait between two tries, in seconds.
 PUBLISH_RETRY_MAX_S: Final = 5.0
+#: How long a ``progress`` report (best-effort, never retried) waits for its confirm, in seconds.
+PROGRESS_CONFIRM_WAIT_S: Final = 30.0
 
 _logger = logging.getLogger("async_task_api_worker.engine")
+
+
+class GiveUp(StrEnum):
+    """Why a report other than ``progress`` was not confirmed (the decision line's ``reason``)."""
+
+    #: Still unconfirmed when the broker could soon time out the delivery (``consumer_timeout``).
+    HOLD_EXPIRED = "report_held_until_consumer_timeout"
+    #: The transport withdrew the delivery (its channel closed; the broker requeued it).
+    WITHDRAWN = "delivery_withdrawn"
+    #: The grace period of a shutdown ran out while the report was held.
+    ABORTED = "grace_period_over"
 
 
 @dataclass(slots=True)
@@ -47,10 +68,15 @@ class DeliveryReporter:
     """The reports of one delivery: who they are for, and their sequence number.
 
     Every ``publish_*`` method returns whether the broker confirmed the report, and raises
-    nothing but :class:`~async_task_api_worker.errors.ReportEncodeError` (for a response or
-    payload that cannot be encoded); the caller decides what an unconfirmed report means. A
-    report other than ``progress`` is tried again, with a backoff from 0.1 s to 5 s, for up to
-    ``retry_window_s`` seconds, unless the transport withdraws the delivery meanwhile.
+    nothing but :class:`~async_task_api_worker.errors.ReportEncodeError` (a response or payload
+    that cannot be encoded, or a report larger than ``max_report_bytes`` or than the broker
+    takes); the caller decides what an unconfirmed report means, and :attr:`gave_up` says why.
+
+    A report other than ``progress`` is held and tried again, with a backoff from 0.1 s to 5 s,
+    until ``hold_until`` (on the ``monotonic`` clock): a broker that refuses reports for a
+    while (a full output queue, an alarm, a partition) does not cost the task. A confirm that is
+    merely late is waited for, not taken as a refusal. It stops early when the transport
+    withdraws the delivery, or when ``abort`` is cancelled (a shutdown's grace period is over).
     """
 
     delivery: Delivery
@@ -62,10 +88,13 @@ class DeliveryReporter:
     wall_clock: Callable[[], datetime]
     notify: Callable[[EngineEvent], None]
     monotonic: Callable[[], float]
-    retry_window_s: float
+    hold_until: float
+    max_report_bytes: int = MAX_REPORT_BYTES
+    abort: CancelToken | None = None
     task_id: str | None = None
     client_id: str | None = None
     seq: int = 0
+    gave_up: GiveUp | None = None
 
     def _fields(self) -> dict[str, Any]:
         return {
@@ -85,7 +114,8 @@ class DeliveryReporter:
         """Publish ``success``.
 
         Raises:
-            ReportEncodeError: the response is not canonical JSON or the report is too large.
+            ReportEncodeError: the response is not canonical JSON, or the report is larger than
+                ``max_report_bytes`` or than the broker accepts (``too_large`` is then true).
         """
         return await self._publish(
             SuccessReport.model_construct(**self._fields(), response=response)
@@ -94,7 +124,11 @@ class DeliveryReporter:
     async def publish_failure(self, code: str, message: str) -> bool:
         """Publish ``failure`` with ``code`` and ``message`` (cut to 1,024 characters)."""
         error = ReportError.model_construct(code=code, message=message[:MAX_ERROR_MESSAGE_CHARS])
-        return await self._publish(FailureReport.model_construct(**self._fields(), error=error))
+        try:
+            return await self._publish(FailureReport.model_construct(**self._fields(), error=error))
+        except ReportEncodeError:  # only a broker whose size limit is below a small report
+            self.gave_up = GiveUp.HOLD_EXPIRED
+            return False
 
     async def publish_progress(self, update: ProgressUpdate) -> bool:
         """Publish ``progress``; a payload that cannot be encoded is dropped and counted."""
@@ -111,51 +145,108 @@ class DeliveryReporter:
             self.notify(ProgressDropped(ProgressDropReason.PUBLISH_FAILED.value))
         return published
 
+    def _stopped(self) -> GiveUp | None:
+        if self.delivery.cancel_token.cancelled:
+            return GiveUp.WITHDRAWN
+        if self.abort is not None and self.abort.cancelled:
+            return GiveUp.ABORTED
+        return None
+
     async def _publish(
         self, report: StartedReport | ProgressReport | SuccessReport | FailureReport
     ) -> bool:
-        encoded = encode_report(report, seq=self.seq)
+        encoded = encode_report(report, seq=self.seq, max_bytes=self.max_report_bytes)
         self.seq += 1
-        # Progress is best-effort; any other report is retried in place, holding the delivery
-        # (and so its prefetch slot: a worker whose reports cannot get out stops taking work)
-        # for at most WORKER_RETRY_BACKOFF_MAX_S, which the time-budget rule already reserves.
-        give_up_at = self.monotonic() + (0.0 if report.type == "progress" else self.retry_window_s)
+        progress = report.type == "progress"
+        give_up_at = self.hold_until
+        if progress:
+            give_up_at = min(give_up_at, self.monotonic() + PROGRESS_CONFIRM_WAIT_S)
         delay_s = PUBLISH_RETRY_FIRST_S
         while True:
+            why = self._stopped()
+            if why is None and self.monotonic() >= give_up_at:
+                why = GiveUp.HOLD_EXPIRED
+            if why is not None:
+                if not progress:
+                    self.gave_up = why
+                    _logger.warning(
+                        "The %s report could not get out (%s); giving the delivery back",
+                        report.type,
+                        why.value,
+                        extra=self._log_extra(),
+                    )
+                return False
             try:
-                await self.transport.publish(self.delivery, encoded)
+                confirmed = await _until(
+                    self.transport.publish(self.delivery, encoded),
+                    give_up_at - self.monotonic(),
+                    self.delivery.cancel_token,
+                    self.abort,
+                )
+            except MessageTooLargeError as exc:
+                self.notify(PublishFailed(report.type))
+                raise ReportEncodeError(
+                    f"the broker refused the {report.type} report of {len(encoded.body)} bytes "
+                    f"for its size ({exc})",
+                    too_large=True,
+                ) from exc
             except PublishError as exc:
                 self.notify(PublishFailed(report.type))
-                withdrawn = self.delivery.cancel_token.cancelled
-                retry = not withdrawn and self.monotonic() + delay_s <= give_up_at
+                retry = not progress and self.monotonic() + delay_s < give_up_at
                 _logger.warning(
                     "The %s report was not confirmed by the broker (%s)%s",
                     report.type,
                     exception_type_name(exc.__cause__ or exc),
                     f"; retrying in {delay_s:g} s" if retry else "",
-                    extra=task_log_extra({"task_id": self.task_id, "attempt": self.attempt}),
+                    extra=self._log_extra(),
                 )
-                if not retry or not await _sleep_unless(self.delivery.cancel_token, delay_s):
+                if not retry:
+                    if not progress:
+                        self.gave_up = self._stopped() or GiveUp.HOLD_EXPIRED
                     return False
+                await _until(
+                    asyncio.sleep(delay_s), delay_s, self.delivery.cancel_token, self.abort
+                )
                 delay_s = min(delay_s * 2, PUBLISH_RETRY_MAX_S)
+                continue
+            if not confirmed:  # the wait ran out, or was stopped, before the confirm
+                self.notify(PublishFailed(report.type))
                 continue
             self.notify(ReportPublished(report.type))
             return True
 
+    def _log_extra(self) -> dict[str, Any]:
+        return task_log_extra({"task_id": self.task_id, "attempt": self.attempt})
 
-async def _sleep_unless(token: CancelToken, delay_s: float) -> bool:
-    """Sleep ``delay_s`` seconds; ``False`` at once if ``token`` is cancelled meanwhile."""
-    woken = asyncio.get_running_loop().create_future()
 
-    def wake() -> None:
-        if not woken.done():
-            woken.set_result(None)
+async def _until(work: Awaitable[None], limit_s: float, *tokens: CancelToken | None) -> bool:
+    """Await ``work`` for at most ``limit_s`` seconds, or until a token is cancelled.
 
-    remove = token.add_callback(wake)
+    Returns:
+        ``True`` when ``work`` finished in time; ``False`` when it was cancelled first.
+
+    Raises:
+        Exception: whatever ``work`` raised.
+    """
+    running = asyncio.ensure_future(work)
+    if limit_s <= 0:
+        running.cancel()
+
+    def stop() -> None:
+        running.cancel()
+
+    removers = [token.add_callback(stop) for token in tokens if token is not None]
+    timer = asyncio.get_running_loop().call_later(max(0.0, limit_s), running.cancel)
     try:
-        await asyncio.wait_for(woken, timeout=delay_s)
-    except TimeoutError:
-        return True
+        await asyncio.wait({running})
+    except BaseException:
+        running.cancel()  # our caller was cancelled: the work goes with it
+        raise
     finally:
-        remove()
-    return False
+        timer.cancel()
+        for remove in removers:
+            remove()
+    if running.cancelled():
+        return False
+    running.result()
+    return True

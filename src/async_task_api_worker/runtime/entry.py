@@ -55,13 +55,14 @@ def rabbitmq_runner(worker: Worker, settings: WorkerSettings) -> Runner:
 
     job = settings.worker_mode is WorkerMode.JOB
     transport = RabbitMQTransport(
-        url=settings.broker_url.get_secret_value(),
+        urls=settings.broker_urls(),
         in_queue=settings.in_queue(worker.name),
         out_queue=settings.out_queue(worker.name),
         # Job mode takes one delivery at a time, whatever WORKER_CONCURRENCY says (which then
         # only sizes the handler slots and the thread pool), and gives up connecting in time.
         prefetch=1 if job else settings.worker_concurrency,
         service=worker.name,
+        heartbeat_s=settings.broker_heartbeat_s,
         connect_timeout_s=settings.worker_job_connect_timeout_s if job else None,
     )
     return Runner(worker, settings, transport)

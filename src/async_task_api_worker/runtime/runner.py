@@ -129,7 +129,9 @@ class Runner:
         """The runtime's components that are not ready, and why.
 
         Source: seed "Probes, metrics and logs". ``draining`` once a shutdown is requested or
-        a job's quota is in hand; ``broker`` while not connected, or the consumer not active.
+        a job's quota is in hand; ``broker`` while not connected, the connection not known to
+        be alive (a heartbeat without a frame), the consumer not active, or publishing blocked
+        by the broker (a memory or disk alarm: reports would be held).
         """
         failing: dict[str, str] = {}
         if self._state in (RunnerState.DRAINING, RunnerState.STOPPED):
@@ -139,7 +141,9 @@ class Runner:
         elif self._state is not RunnerState.RUNNING:
             failing["broker"] = "not connected yet"
         elif not self._transport.consuming:
-            failing["broker"] = "not connected, or not consuming"
+            failing["broker"] = "not connected, not known to be alive, or not consuming"
+        elif self._transport.publishing_blocked:
+            failing["broker"] = "reports cannot be published: the broker blocks them, or is silent"
         return failing
 
     def request_shutdown(self, reason: str = "requested") -> None:

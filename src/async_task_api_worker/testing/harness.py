@@ -256,6 +256,26 @@ class WorkerHarness:
             settlement=settlement,
         )
 
-    def fail_next_publish(self, type: str | None = None) -> None:  # noqa: A002 - the seed's name
-        """Make the next publish (of reports of ``type``, or of any) fail once."""
-        self.transport.fail_next_publish(type)
+    def fail_next_publish(
+        self,
+        type: str | None = None,  # noqa: A002 - the seed's name
+        *,
+        times: int | None = 1,
+    ) -> None:
+        """Make the next publishes (of reports of ``type``, or of any) fail.
+
+        A report that is not confirmed is held and tried again until the broker could time its
+        delivery out (``WORKER_CONSUMER_TIMEOUT_S - WORKER_CONSUMER_TIMEOUT_CHECK_INTERVAL_S``
+        after its arrival), then the delivery is given back: a few failures end in a success;
+        to see the give-back, fail every try (``times=None``) and shorten those two settings.
+
+        Args:
+            type: ``started``, ``progress``, ``success`` or ``failure``; ``None``: any report.
+            times: how many publishes fail; ``None``: all, until
+                :meth:`clear_publish_failures`.
+        """
+        self.transport.fail_next_publish(type, times=times)
+
+    def clear_publish_failures(self) -> None:
+        """The broker takes reports again: forget what :meth:`fail_next_publish` asked for."""
+        self.transport.clear_publish_failures()

@@ -92,7 +92,7 @@ class InMemoryTransport:
         self._changed = asyncio.Event()
         self._consuming = False
         self._closed = False
-        self._fail_publishes: list[str | None] = []
+        self._fail_publishes: list[list[str | int | None]] = []
         self._on_publish = on_publish
         self.published: list[PublishedReport] = []
         """Every confirmed report, in publish order."""
@@ -132,9 +132,19 @@ class InMemoryTransport:
         self._wake()
         return message
 
-    def fail_next_publish(self, report_type: str | None = None) -> None:
-        """Make the next publish of ``report_type`` (or of any type) fail once."""
-        self._fail_publishes.append(report_type)
+    def fail_next_publish(self, report_type: str | None = None, *, times: int | None = 1) -> None:
+        """Make the next publishes of ``report_type`` (or of any type) fail.
+
+        Args:
+            report_type: ``started``, ``progress``, ``success`` or ``failure``; ``None``: any.
+            times: how many publishes fail; ``None``: every one, until
+                :meth:`clear_publish_failures` (a broker refusing reports for a while).
+        """
+        self._fail_publishes.append([report_type, times])
+
+    def clear_publish_failures(self) -> None:
+        """Forget every failure :meth:`fail_next_publish` asked for: the broker takes reports."""
+        self._fail_publishes.clear()
 
     @property
     def ready_count(self) -> int:
@@ -162,6 +172,11 @@ class InMemoryTransport:
     def consuming(self) -> bool:
         """Whether :meth:`deliveries` is handing out messages (between connect and stop)."""
         return self._consuming
+
+    @property
+    def publishing_blocked(self) -> bool:
+        """Never: the memory broker takes every report (see :meth:`fail_next_publish`)."""
+        return False
 
     async def connect(self) -> None:
         """Nothing to connect to; marks the transport as consuming."""
@@ -219,9 +234,13 @@ class InMemoryTransport:
         Raises:
             PublishError: :meth:`fail_next_publish` asked for this one to fail.
         """
-        for index, wanted in enumerate(self._fail_publishes):
+        for index, (wanted, times) in enumerate(self._fail_publishes):
             if wanted is None or wanted == report.type:
-                del self._fail_publishes[index]
+                if isinstance(times, int):
+                    if times <= 1:
+                        del self._fail_publishes[index]
+                    else:
+                        self._fail_publishes[index][1] = times - 1
                 raise PublishError(f"injected failure of the {report.type} publish")
         published = PublishedReport(report, int(delivery.handle or 0))
         self.published.append(published)

@@ -285,28 +285,49 @@ async def test_a_body_over_the_size_limit_is_poison() -> None:
     assert run.settlement.poison_reason == "too_large"
 
 
-async def test_a_failed_success_publish_leaves_the_delivery_requeued_not_acked(
+#: A broker that may time a delivery out 0.5 s after it arrived: the hold is that short.
+SHORT_HOLD = {
+    "worker_consumer_timeout_s": 1.0,
+    "worker_consumer_timeout_check_interval_s": 0.5,
+    "worker_task_timeout_s": 0.2,
+    "worker_retry_backoff_max_s": 0.1,
+}
+
+
+async def test_a_success_refused_a_few_times_is_held_then_published_and_acked() -> None:
+    async with WorkerHarness(make_worker("ok")) as harness:
+        harness.fail_next_publish("success", times=3)
+        run = await harness.submit({"text": "hi"})
+    run.assert_succeeded()
+    assert run.outcome is Outcome.ACKED
+    assert harness.transport.ready_count == 0
+
+
+async def test_a_success_refused_until_the_hold_ends_is_given_back_not_acked(
     decisions: pytest.LogCaptureFixture,
 ) -> None:
-    async with WorkerHarness(make_worker("ok")) as harness:
-        harness.fail_next_publish("success")
+    async with WorkerHarness(make_worker("ok"), settings_overrides=SHORT_HOLD) as harness:
+        harness.fail_next_publish("success", times=None)
         run = await harness.submit({"text": "hi"})
         assert harness.transport.acked == []
         assert harness.transport.ready_count == 1
+        harness.clear_publish_failures()
         retry = await harness.submit({"text": "hi"})
     assert run.outcome is Outcome.NACKED_REQUEUE
     assert run.message_types == ("started",)
     assert run.settlement.outcome is EngineOutcome.PUBLISH_FAILED
+    assert run.settlement.requeue_counted is False
+    assert run.settlement.reason == "report_held_until_consumer_timeout"
     retry.assert_succeeded()
-    assert (
-        "outcome=publish_failed action=nack-requeue" in decision_records(decisions)[0].getMessage()
-    )
+    line = decision_records(decisions)[0].getMessage()
+    assert "outcome=publish_failed action=nack-requeue" in line
+    assert line.endswith("reason=report_held_until_consumer_timeout")
 
 
 async def test_a_failed_started_publish_requeues_without_running_the_handler() -> None:
     calls: list[str] = []
-    async with WorkerHarness(make_worker("ok", calls)) as harness:
-        harness.fail_next_publish()
+    async with WorkerHarness(make_worker("ok", calls), settings_overrides=SHORT_HOLD) as harness:
+        harness.fail_next_publish(times=None)
         run = await harness.submit({"text": "hi"})
     assert run.outcome is Outcome.NACKED_REQUEUE
     assert run.messages == ()
@@ -314,8 +335,8 @@ async def test_a_failed_started_publish_requeues_without_running_the_handler() -
 
 
 async def test_a_failed_failure_publish_requeues() -> None:
-    async with WorkerHarness(make_worker("fatal")) as harness:
-        harness.fail_next_publish("failure")
+    async with WorkerHarness(make_worker("fatal"), settings_overrides=SHORT_HOLD) as harness:
+        harness.fail_next_publish("failure", times=None)
         run = await harness.submit({"text": "hi"})
     assert run.outcome is Outcome.NACKED_REQUEUE
     assert run.settlement.code == "NOT_ALLOWED"

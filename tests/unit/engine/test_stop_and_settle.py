@@ -358,11 +358,16 @@ async def test_an_unconfirmed_report_is_retried_in_place_until_it_is_confirmed()
     assert [p.report.type for p in transport.published] == ["started", "success"]
 
 
-async def test_past_the_retry_window_the_delivery_is_given_back_without_burning_an_attempt() -> (
-    None
-):
+async def test_past_the_hold_the_delivery_is_given_back_without_burning_an_attempt() -> None:
     transport = FlakyPublish(failures=1000)
-    engine, _ = build(ok_worker(), transport, worker_retry_backoff_max_s=0.25)
+    engine, _ = build(
+        ok_worker(),
+        transport,
+        worker_consumer_timeout_s=0.75,
+        worker_consumer_timeout_check_interval_s=0.5,
+        worker_task_timeout_s=0.1,
+        worker_retry_backoff_max_s=0.1,
+    )
     settlement = await engine.handle(deliver(transport))
     assert (settlement.outcome, settlement.action) == (Outcome.PUBLISH_FAILED, Action.NACK_REQUEUE)
     assert settlement.requeue_counted is False

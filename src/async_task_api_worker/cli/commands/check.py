@@ -13,7 +13,7 @@ from async_task_api_worker.runtime.entry import prepare
 from async_task_api_worker.runtime.exit_codes import ExitCode
 from async_task_api_worker.runtime.hooks import shutdown_bound_s
 from async_task_api_worker.runtime.loops import loop_factory
-from async_task_api_worker.settings import CONSUMER_TIMEOUT_MARGIN_S
+from async_task_api_worker.settings import describe_time_budget
 
 __all__ = ["check_command"]
 
@@ -28,7 +28,6 @@ def check_command(target: str) -> int:
     settings = prepare(worker)
     task = worker.task_definition
     timeout_s = settings.task_timeout_s(task.timeout_s)
-    backoff_s = settings.worker_retry_backoff_max_s
     bound_s = shutdown_bound_s(settings)
     grace = settings.worker_shutdown_grace_s
     hooks = settings.worker_shutdown_hooks_timeout_s
@@ -38,9 +37,19 @@ def check_command(target: str) -> int:
         f"{settings.worker_mode.value} mode"
     )
     print(
-        f"time budget: task timeout {timeout_s:g} s + retry backoff cap {backoff_s:g} s + "
-        f"{CONSUMER_TIMEOUT_MARGIN_S:g} s = {timeout_s + backoff_s + CONSUMER_TIMEOUT_MARGIN_S:g} s"
-        f" < consumer timeout {settings.worker_consumer_timeout_s:g} s: ok"
+        f"time budget: {describe_time_budget(settings, timeout_s)} < WORKER_CONSUMER_TIMEOUT_S "
+        f"{settings.worker_consumer_timeout_s:g} s: ok"
+    )
+    print(
+        f"a report that cannot get out holds its delivery for up to "
+        f"{settings.delivery_hold_s():g} s from its arrival, then gives it back"
+    )
+    print(f"largest report: {settings.worker_max_report_bytes} bytes (WORKER_MAX_REPORT_BYTES)")
+    urls = settings.broker_urls()
+    print(
+        f"broker: {len(urls)} URL{'s' if len(urls) > 1 else ''}, heartbeat "
+        f"{settings.broker_heartbeat_s} s (a connection silent for "
+        f"{2 * settings.broker_heartbeat_s} s is taken for dead)"
     )
     print(
         f"shutdown bound: {bound_s:g} s after SIGTERM (max(grace {grace:g} s, 5) + 5 s nacks + "

@@ -158,7 +158,10 @@ def main(arguments: list[str]) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     control = socket.socket(fileno=int(arguments[0]))
-    set_up = json.loads(control.recv(_PACKET))
+    try:
+        set_up = json.loads(control.recv(_PACKET))
+    except (OSError, ValueError):
+        return  # the worker died before it sent the set-up: nothing to serve
     sys.path[:0] = [p for p in set_up["sys_path"] if p not in sys.path]
     try:
         task = read_task(load_handler(set_up["handler"], set_up.get("main_path")), 1.0)
@@ -169,7 +172,12 @@ def main(arguments: list[str]) -> None:
     # What is loaded now is shared with every child: keep the collector from touching (and so
     # copying) those pages in each of them.
     gc.freeze()
-    _serve(control, task)
+    try:
+        _serve(control, task)
+    except OSError:
+        # The worker died (kill -9, the OOM killer): its end of the control socket is gone.
+        # The server's children are killed on the way out; there is nobody to tell.
+        return
 
 
 # ---------------------------------------------------------------------------- the client

@@ -15,7 +15,7 @@ from async_task_api_worker.errors import (
     SettleError,
 )
 
-__all__ = ["is_refusal", "publish_errors", "settle_errors"]
+__all__ = ["is_refusal", "is_too_large", "publish_errors", "settle_errors"]
 
 #: What a broker operation can raise when the connection or channel is gone or the broker says
 #: no: aiormq's protocol errors, a stale channel, the socket itself, or a confirm timeout.
@@ -41,6 +41,17 @@ def is_refusal(exc: BaseException) -> bool:
         aiormq.exceptions.ProbableAuthenticationError
         | aiormq.exceptions.AuthenticationError
         | aiormq.exceptions.InvalidFrameError,
+    )
+
+
+def is_too_large(exc: BaseException | None) -> bool:
+    """Whether the broker closed the channel because a message was over ``max_message_size``.
+
+    RabbitMQ answers ``PRECONDITION_FAILED - message size 2000000 is larger than configured
+    max size 1048576`` (3.10 and 4.0), which aiormq raises as ``ChannelPreconditionFailed``.
+    """
+    return isinstance(exc, aiormq.exceptions.ChannelPreconditionFailed) and (
+        "larger than configured max size" in str(exc) or "message size" in str(exc)
     )
 
 

@@ -17,12 +17,12 @@ from aio_pika.abc import (
     AbstractChannel,
     AbstractIncomingMessage,
     AbstractQueue,
-    AbstractRobustConnection,
 )
 
-from async_task_api_worker.errors import BrokerUnavailableError, TransportError
-from async_task_api_worker.observability.redaction import redact_url
-from async_task_api_worker.transports.rabbitmq._errors import is_refusal, publish_errors, refused
+from async_task_api_worker.errors import TransportError
+from async_task_api_worker.settings import split_broker_urls
+from async_task_api_worker.transports.rabbitmq._errors import publish_errors
+from async_task_api_worker.transports.rabbitmq.link import BrokerLink
 from async_task_api_worker.transports.rabbitmq.topology import declare_queue
 
 __all__ = ["RabbitMQProducer", "ReportMessage"]
@@ -71,7 +71,8 @@ class RabbitMQProducer:
     """Publishes envelopes to a worker's input queue and consumes its output queue.
 
     Args:
-        url: the AMQP URL; its password is never logged.
+        url: the AMQP URL, or several separated by commas (tried in turn); passwords are never
+            logged.
         in_queue: the worker's input queue.
         out_queue: the worker's output queue.
         prefetch: the most reports held unacked at once.
@@ -92,7 +93,7 @@ class RabbitMQProducer:
         self._out_queue = out_queue
         self._prefetch = prefetch
         self._connect_timeout_s = connect_timeout_s
-        self._connection: AbstractRobustConnection | None = None
+        self._link: BrokerLink | None = None
         self._publish_channel: AbstractChannel | None = None
         self._consume_channel: AbstractChannel | None = None
         self._reports: AbstractQueue | None = None
@@ -104,30 +105,24 @@ class RabbitMQProducer:
             BrokerRefusedError: the broker refused the credentials or the vhost.
             BrokerUnavailableError: the broker was not reached in time.
         """
-        try:
-            connection = await aio_pika.connect_robust(
-                self._url,
-                timeout=self._connect_timeout_s,
-                reconnect_interval=1.0,
-                client_properties={"connection_name": "async-task-api-worker client"},
-            )
-        except Exception as exc:
-            if is_refusal(exc):
-                raise refused(exc, redact_url(self._url)) from exc
-            raise BrokerUnavailableError(
-                f"the broker at {redact_url(self._url)} was not reachable ({type(exc).__name__})"
-            ) from exc
-        self._connection = connection
+        link = BrokerLink(
+            split_broker_urls(self._url),
+            heartbeat_s=15,
+            name="async-task-api-worker client",
+            connect_timeout_s=self._connect_timeout_s,
+        )
+        connection = await link.open()
+        self._link = link
         try:
             self._publish_channel = await connection.channel(
                 publisher_confirms=True, on_return_raises=True
             )
             self._consume_channel = await connection.channel()
             await self._consume_channel.set_qos(prefetch_count=self._prefetch)
-            await declare_queue(connection, self._publish_channel, self._in_queue)
+            await declare_queue(self._publish_channel, self._in_queue)
             # Consumed through the queue object declared on the robust channel: aio-pika
             # restores the consumers of such queues after a reconnect, not of others.
-            self._reports = await declare_queue(connection, self._consume_channel, self._out_queue)
+            self._reports = await declare_queue(self._consume_channel, self._out_queue)
         except Exception as exc:
             await self.close()
             raise TransportError(f"could not set up the queues: {type(exc).__name__}") from exc
@@ -166,7 +161,6 @@ class RabbitMQProducer:
 
     async def close(self) -> None:
         """Close the connection; idempotent."""
-        connection, self._connection = self._connection, None
-        if connection is not None and not connection.is_closed:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(connection.close(), timeout=5.0)
+        link, self._link = self._link, None
+        if link is not None:
+            await link.close()

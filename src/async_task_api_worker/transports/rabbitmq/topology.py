@@ -9,46 +9,100 @@ queues keep (RabbitMQ sets ``x-delivery-count`` on them); classic queues only se
 from __future__ import annotations
 
 import logging
+import re
+from typing import Any, Final
 
 import aiormq
 from aio_pika.abc import AbstractChannel, AbstractQueue, AbstractRobustConnection
 
-__all__ = ["declare_queue", "is_quorum_queue"]
+__all__ = ["declare_queue", "inequivalent_argument", "queue_type"]
 
 _logger = logging.getLogger("async_task_api_worker.transports.rabbitmq")
 
+#: RabbitMQ's words for a repeated declare whose arguments differ from the queue's (3.10, 4.0):
+#: ``inequivalent arg 'x-max-length' for queue 'q' in vhost 'v': received none but current is
+#: the value '10' of type 'byte'``.
+_INEQUIVALENT: Final = re.compile(
+    r"inequivalent arg '(?P<arg>[^']+)' for queue '.*' in vhost '.*': received .* but current "
+    r"is (?:the value '(?P<value>.*)' of type '(?P<type>[a-z]+)'|none)"
+)
+_INTEGER_TYPES: Final = frozenset(
+    {"byte", "short", "signedint", "long", "unsignedbyte", "unsignedshort", "unsignedint"}
+)
+#: Arguments a queue can carry; past this many, the type is not worth learning.
+_MAX_ARGUMENTS: Final = 16
 
-async def declare_queue(
-    connection: AbstractRobustConnection, channel: AbstractChannel, name: str
-) -> AbstractQueue:
+
+def inequivalent_argument(reply: str) -> tuple[str, Any] | None:
+    """The argument a ``PRECONDITION_FAILED`` reply names, and the queue's own value of it.
+
+    Returns:
+        ``(name, value)``, ``value`` being ``None`` when the queue has no such argument; or
+        ``None`` when ``reply`` is not about an inequivalent argument.
+    """
+    match = _INEQUIVALENT.search(reply)
+    if match is None:
+        return None
+    value: Any = match["value"]
+    if value is not None and match["type"] in _INTEGER_TYPES:
+        try:
+            value = int(value)
+        except ValueError:
+            return None
+    return match["arg"], value
+
+
+async def declare_queue(channel: AbstractChannel, name: str) -> AbstractQueue:
     """Declare ``name`` durable with no arguments, on ``channel``.
 
-    RabbitMQ refuses a plain declare of an existing quorum queue in a vhost whose default queue
-    type is classic (``PRECONDITION_FAILED - inequivalent arg 'x-queue-type'``) and closes the
-    channel; the queue then exists as the platform made it, so it is declared passively instead.
+    A queue that already exists with arguments (a quorum queue in a vhost whose default type is
+    classic, a max length, a dead-letter exchange...) makes RabbitMQ refuse a plain declare
+    (``PRECONDITION_FAILED - inequivalent arg ...``) and close the channel; the queue is then
+    used as the platform made it, declared passively, and the log names the argument.
     """
     try:
         return await channel.declare_queue(name, durable=True)
-    except aiormq.exceptions.ChannelPreconditionFailed:
-        _logger.info("Queue %s exists with other arguments; using it as it is", name)
+    except aiormq.exceptions.ChannelPreconditionFailed as exc:
+        _logger.info(
+            "Queue %s exists with arguments this worker does not declare; using it as it is "
+            "(the broker: %s)",
+            name,
+            str(exc)[:300],
+        )
         if channel.is_closed:
             await channel.reopen()
         return await channel.declare_queue(name, passive=True)
 
 
-async def is_quorum_queue(connection: AbstractRobustConnection, name: str) -> bool:
-    """Whether the existing queue ``name`` is a quorum queue.
+async def queue_type(connection: AbstractRobustConnection, name: str) -> str:
+    """The type of the existing queue ``name``: ``quorum``, ``classic``, ``stream``...
 
     AMQP does not report a queue's type, but RabbitMQ compares the arguments of a repeated
-    declare with the queue's own: re-declaring with ``x-queue-type: quorum`` is a no-op on a
-    quorum queue and a ``PRECONDITION_FAILED`` on any other (a throwaway channel takes the hit).
+    declare with the queue's own and names the first that differs, with the queue's value. So
+    the queue is declared again with ``x-queue-type: quorum`` plus each argument it turns out to
+    have, on throwaway channels, until the broker either agrees (a quorum queue, whatever its
+    other arguments) or names ``x-queue-type`` itself (its current value is the type; none
+    means classic).
     """
-    channel = await connection.channel()
-    try:
-        await channel.declare_queue(name, durable=True, arguments={"x-queue-type": "quorum"})
-    except aiormq.exceptions.ChannelPreconditionFailed:
-        return False
-    finally:
-        if not channel.is_closed:
-            await channel.close()
-    return True
+    arguments: dict[str, Any] = {"x-queue-type": "quorum"}
+    for _ in range(_MAX_ARGUMENTS):
+        channel = await connection.channel()
+        try:
+            await channel.declare_queue(name, durable=True, arguments=arguments)
+        except aiormq.exceptions.ChannelPreconditionFailed as exc:
+            named = inequivalent_argument(str(exc))
+            if named is None:
+                return "unknown"
+            argument, value = named
+            if argument == "x-queue-type":
+                return str(value or "classic")
+            if value is None:
+                arguments.pop(argument, None)
+            else:
+                arguments[argument] = value
+            continue
+        finally:
+            if not channel.is_closed:
+                await channel.close()
+        return "quorum"
+    return "unknown"

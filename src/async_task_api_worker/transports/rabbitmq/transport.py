@@ -25,7 +25,7 @@ import contextlib
 import logging
 import re
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -33,34 +33,36 @@ from typing import Any, Final
 
 import aio_pika
 import aiormq
-from aio_pika.abc import (
-    AbstractChannel,
-    AbstractIncomingMessage,
-    AbstractQueue,
-    AbstractRobustConnection,
-)
-from aio_pika.exceptions import ChannelInvalidStateError
+from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractQueue
 
 from async_task_api_worker.errors import (
+    BrokerRefusedError,
     BrokerUnavailableError,
+    MessageTooLargeError,
     PublishError,
     SettleError,
     TransportError,
 )
-from async_task_api_worker.observability.redaction import redact_url
 from async_task_api_worker.ports import Delivery
 from async_task_api_worker.protocol.reports import EncodedReport
 from async_task_api_worker.transports.rabbitmq._errors import (
     is_refusal,
+    is_too_large,
     publish_errors,
     refused,
     settle_errors,
 )
-from async_task_api_worker.transports.rabbitmq.topology import declare_queue, is_quorum_queue
+from async_task_api_worker.transports.rabbitmq.link import BrokerLink
+from async_task_api_worker.transports.rabbitmq.topology import declare_queue, queue_type
 
 __all__ = ["RabbitMQTransport"]
 
 _logger = logging.getLogger("async_task_api_worker.transports.rabbitmq")
+
+#: Reports refused in a row (``basic.nack``) before the next goes out on a fresh channel, and
+#: before it goes out on a fresh connection.
+REFUSALS_PER_CHANNEL: Final = 3
+REFUSALS_PER_CONNECTION: Final = 9
 
 #: The consume channel may close this many times within :data:`CHANNEL_FAILURE_WINDOW_S`
 #: before the transport gives up (a broker that keeps closing it will not get better).
@@ -86,9 +88,13 @@ def delivery_count_of(headers: dict[str, Any], redelivered: bool) -> int | None:
     """The broker's delivery count from the headers, or ``None`` when it is unknown.
 
     ``x-delivery-count`` may arrive as any AMQP integer type (or a decimal); its absence means
-    0 on a first delivery and "unknown" on a redelivery (a classic queue). A value that is not
-    a plausible count (a forged header) counts as unknown; this function never raises.
+    "unknown" on a redelivery (a classic queue). A first delivery (``redelivered`` false)
+    counts 0 whatever its headers say: RabbitMQ 3.10 passes a producer's own
+    ``x-delivery-count`` through on a first delivery. A value that is not a plausible count (a
+    forged header) counts as unknown; this function never raises.
     """
+    if not redelivered:
+        return 0
     value = headers.get("x-delivery-count")
     count: int | None = None
     if isinstance(value, int) and not isinstance(value, bool):
@@ -103,46 +109,53 @@ def delivery_count_of(headers: dict[str, Any], redelivered: bool) -> int | None:
             count = int(text)
     if count is not None:
         return min(max(0, count), 1_000_000_000)
-    return None if redelivered or value is not None else 0
+    return None
 
 
 class RabbitMQTransport:
     """A :class:`~async_task_api_worker.ports.Transport` on RabbitMQ.
 
+    Two connections: one consumes and settles, the other publishes the reports. RabbitMQ blocks
+    a connection that publishes during a memory or disk alarm, and stops reading its socket,
+    acks included; on a connection of their own, the reports can be held while the deliveries
+    are still settled, and the consumer is never blocked.
+
     Args:
-        url: the AMQP URL (``BROKER_URL``); its password is never logged.
+        urls: the AMQP URLs (``BROKER_URL``, split at its commas), tried in turn; their
+            passwords are never logged.
         in_queue: the queue tasks are consumed from (``IN_QUEUE_NAME``).
         out_queue: the queue reports are published to (``OUT_QUEUE_NAME``).
         prefetch: the most unacked deliveries held at once (``WORKER_CONCURRENCY``).
-        service: the worker's name, shown as the connection's name in the broker.
+        service: the worker's name, shown as the connections' names in the broker.
+        heartbeat_s: the AMQP heartbeat to ask for (``BROKER_HEARTBEAT_S``), in seconds.
         connect_timeout_s: give up connecting after this many seconds (``None``: keep trying,
             with a backoff capped at 30 s).
-        publish_timeout_s: how long a publish waits for the broker's confirm, in seconds.
         reconnect_interval_s: aio-pika's wait between reconnection attempts, in seconds.
     """
 
     def __init__(
         self,
         *,
-        url: str,
+        urls: Sequence[str],
         in_queue: str,
         out_queue: str,
         prefetch: int,
         service: str = "worker",
+        heartbeat_s: int = 15,
         connect_timeout_s: float | None = None,
-        publish_timeout_s: float = 30.0,
         reconnect_interval_s: float = 1.0,
     ) -> None:
-        self._url = url
-        self._url_for_logs = redact_url(url)
         self._in_queue_name = in_queue
         self._out_queue_name = out_queue
         self._prefetch = prefetch
         self._service = service
-        self._connect_timeout_s = connect_timeout_s
-        self._publish_timeout_s = publish_timeout_s
-        self._reconnect_interval_s = reconnect_interval_s
-        self._connection: AbstractRobustConnection | None = None
+        link = {
+            "heartbeat_s": heartbeat_s,
+            "connect_timeout_s": connect_timeout_s,
+            "reconnect_interval_s": reconnect_interval_s,
+        }
+        self._consumer = BrokerLink(urls, name=f"{service} worker", **link)  # type: ignore[arg-type]
+        self._publisher = BrokerLink(urls, name=f"{service} worker reports", **link)  # type: ignore[arg-type]
         self._consume_channel: AbstractChannel | None = None
         self._publish_channel: AbstractChannel | None = None
         self._in_queue: AbstractQueue | None = None
@@ -153,6 +166,8 @@ class RabbitMQTransport:
         self._stopping = False
         self._channel_failures: list[float] = []
         self._channel_open = True
+        self._refusals = 0
+        self._fresh_channel: asyncio.Future[None] | None = None
 
     # ------------------------------------------------------------------ connecting
 
@@ -163,47 +178,57 @@ class RabbitMQTransport:
 
     @property
     def connected(self) -> bool:
-        """Whether the connection is open right now (``False`` while it reconnects)."""
-        return self._connection is not None and not self._connection.is_closed
+        """Whether the consuming connection is open right now (``False`` while it reconnects)."""
+        return self._consumer.connected
 
     @property
     def consuming(self) -> bool:
-        """Whether the connection is up and the consumer active (``False`` while reconnecting).
+        """Whether the consumer is active on a connection known to be alive.
 
-        aio-pika restores the consumer before it calls the channel's reopen callbacks, so the
-        channel counts as open again only once consuming has resumed.
+        ``False`` while reconnecting, and once a heartbeat has passed without a frame from the
+        broker. aio-pika restores the consumer before it calls the channel's reopen callbacks,
+        so the channel counts as open again only once consuming has resumed.
         """
         return (
-            self.connected
+            self._consumer.alive
             and self._channel_open
             and self._consumer_tag is not None
             and not self._stopping
         )
+
+    @property
+    def publishing_blocked(self) -> bool:
+        """Whether reports cannot be published right now.
+
+        The broker blocks the connection (``connection.blocked``: a memory or disk alarm), or
+        it is not known to be alive.
+        """
+        return self._publisher.blocked or not self._publisher.alive
 
     async def connect(self) -> None:
         """Connect, open the channels, declare both queues and learn the input queue's type.
 
         Raises:
             BrokerRefusedError: the broker refused the credentials or the vhost.
-            BrokerUnavailableError: the broker was not reached within ``connect_timeout_s``.
+            BrokerUnavailableError: no broker was reached within ``connect_timeout_s``.
             TransportError: the queues could not be declared.
         """
-        connection = await self._open_connection()
-        self._connection = connection
+        connection = await self._consumer.open()
         try:
-            # The publish channel first: after a reconnect, aio-pika restores channels in this
-            # order, so the first redelivery does not find its report channel still closed.
-            publish = await connection.channel(publisher_confirms=True, on_return_raises=True)
             consume = await connection.channel()
             await consume.set_qos(prefetch_count=self._prefetch)
-            self._in_queue = await declare_queue(connection, consume, self._in_queue_name)
-            await declare_queue(connection, publish, self._out_queue_name)
-            self._count_known = await is_quorum_queue(connection, self._in_queue_name)
+            self._in_queue = await declare_queue(consume, self._in_queue_name)
+            await declare_queue(consume, self._out_queue_name)
+            self._count_known = await queue_type(connection, self._in_queue_name) == "quorum"
+            publisher = await self._publisher.open()
+            publish = await publisher.channel(publisher_confirms=True, on_return_raises=True)
+        except BrokerRefusedError:
+            await self.close()
+            raise
         except Exception as exc:
-            with contextlib.suppress(Exception):
-                await connection.close()
+            await self.close()
             if is_refusal(exc) or "ACCESS_REFUSED" in str(exc):
-                raise refused(exc, self._url_for_logs) from exc
+                raise refused(exc, self._consumer.url_for_logs) from exc
             raise TransportError(f"could not set up the queues: {type(exc).__name__}") from exc
         self._consume_channel, self._publish_channel = consume, publish
         consume.close_callbacks.add(self._on_consume_channel_closed)
@@ -216,45 +241,11 @@ class RabbitMQTransport:
             )
         _logger.info(
             "Connected to %s: consuming %s, reporting to %s, prefetch %d",
-            self._url_for_logs,
+            self._consumer.url_for_logs,
             self._in_queue_name,
             self._out_queue_name,
             self._prefetch,
         )
-
-    async def _open_connection(self) -> AbstractRobustConnection:
-        loop = asyncio.get_running_loop()
-        deadline = (
-            None if self._connect_timeout_s is None else loop.time() + self._connect_timeout_s
-        )
-        delay_s = 0.5
-        while True:
-            try:
-                remaining = None if deadline is None else max(0.1, deadline - loop.time())
-                return await aio_pika.connect_robust(
-                    self._url,
-                    reconnect_interval=self._reconnect_interval_s,
-                    client_properties={"connection_name": f"{self._service} worker"},
-                    timeout=remaining,
-                )
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                if is_refusal(exc):
-                    raise refused(exc, self._url_for_logs) from exc
-                if deadline is not None and loop.time() + delay_s >= deadline:
-                    raise BrokerUnavailableError(
-                        f"the broker at {self._url_for_logs} was not reachable within "
-                        f"{self._connect_timeout_s:g} s ({type(exc).__name__})"
-                    ) from exc
-                _logger.warning(
-                    "Cannot reach the broker at %s (%s); retrying in %g s",
-                    self._url_for_logs,
-                    type(exc).__name__,
-                    delay_s,
-                )
-                await asyncio.sleep(delay_s)
-                delay_s = min(delay_s * 2, 30.0)
 
     # ------------------------------------------------------------------ consuming
 
@@ -323,7 +314,10 @@ class RabbitMQTransport:
             type(exc).__name__ if exc else "closed",
             len(lost),
         )
-        if isinstance(exc, aiormq.exceptions.AMQPConnectionError | ConnectionError):
+        if (
+            isinstance(exc, aiormq.exceptions.AMQPConnectionError | ConnectionError)
+            or not self._consumer.connected
+        ):
             # A lost connection reconnects by itself, however often: only the broker closing
             # the channel on a live connection (consumer timeout, precondition) counts below.
             return
@@ -365,14 +359,22 @@ class RabbitMQTransport:
         """Publish ``report`` to the output queue and wait for the broker's confirm.
 
         The publish is mandatory: a report the broker cannot route (the output queue was
-        deleted) is a failure, not a silent drop.
+        deleted) is a failure, not a silent drop. It waits, without a time limit of its own,
+        while the broker blocks the connection and for a confirm that is merely late: only the
+        caller (the engine's hold) stops the wait, by cancelling it. Refused again and again
+        (``basic.nack``: a full queue with ``reject-publish``), the channel is replaced
+        (RabbitMQ 3.10 kept nacking a quorum queue's publishes on the same channel after the
+        queue had room again) and then the connection.
 
         Raises:
-            PublishError: the broker did not confirm it (nack, return, timeout, lost channel).
+            MessageTooLargeError: the broker refused the report for its size
+                (``max_message_size``); publishing it again cannot help.
+            PublishError: the broker did not confirm it (nack, return, lost channel).
         """
         if delivery.handle is not None and delivery.handle.lost:
             # Its channel closed: the broker requeued it, and the next attempt will report.
             raise PublishError(f"the {report.type} report is for a delivery the broker requeued")
+        await self._publisher.wait_unblocked()  # never write into a socket the broker ignores
         channel = self._publish_channel
         properties = report.properties
         # The frame's properties are built here rather than through aio_pika.Message, whose
@@ -388,42 +390,65 @@ class RabbitMQTransport:
             timestamp=datetime.fromtimestamp(properties.timestamp_s, UTC),
             app_id=properties.app_id,
         )
-        for last_try in (False, True):
-            try:
-                with publish_errors(f"the {report.type} report"):
-                    if channel is None:
-                        raise ConnectionError("not connected")
-                    if channel.is_closed:
-                        raise ChannelInvalidStateError(f"{channel!r} closed")
-                    underlay = await channel.get_underlay_channel()
-                    await underlay.basic_publish(
-                        report.body,
-                        exchange="",
-                        routing_key=self._out_queue_name,
-                        properties=amqp_properties,
-                        mandatory=True,
-                        timeout=self._publish_timeout_s,
-                    )
-                return
-            except PublishError as exc:
-                if isinstance(exc.__cause__, aiormq.exceptions.PublishError) and channel:
-                    # Returned as unroutable: the output queue is gone. Declare it again so
-                    # that the engine's next try can succeed.
-                    with contextlib.suppress(Exception):
-                        await channel.declare_queue(self._out_queue_name, durable=True)
-                # A channel still reopening after a reconnect: the message never left, so one
-                # more try once it is back cannot duplicate it. Not for a lost delivery, whose
-                # task the broker already handed to another attempt.
-                if (
-                    last_try
-                    or channel is None
-                    or not isinstance(exc.__cause__, ChannelInvalidStateError)
-                    or delivery.handle is None
-                    or delivery.handle.lost
-                ):
-                    raise
-                with publish_errors(f"the {report.type} report"):
-                    await asyncio.wait_for(channel.ready(), timeout=self._publish_timeout_s)  # type: ignore[attr-defined]
+        try:
+            with publish_errors(f"the {report.type} report"):
+                if channel is None:
+                    raise ConnectionError("not connected")
+                if channel.is_closed:
+                    # Reopening after a reconnect or a channel error: the message has not left.
+                    await channel.ready()  # type: ignore[attr-defined]
+                underlay = await channel.get_underlay_channel()
+                await underlay.basic_publish(
+                    report.body,
+                    exchange="",
+                    routing_key=self._out_queue_name,
+                    properties=amqp_properties,
+                    mandatory=True,
+                )
+        except PublishError as exc:
+            cause = exc.__cause__
+            if is_too_large(cause):
+                raise MessageTooLargeError(str(cause)) from cause
+            if isinstance(cause, aiormq.exceptions.PublishError) and channel is not None:
+                # Returned as unroutable: the output queue is gone. Declare it again so
+                # that the engine's next try can succeed.
+                with contextlib.suppress(Exception):
+                    await channel.declare_queue(self._out_queue_name, durable=True)
+            if isinstance(cause, aiormq.exceptions.DeliveryError):
+                self._refused()
+            raise
+        self._refusals = 0
+
+    def _refused(self) -> None:
+        """Count a ``basic.nack``; replace the channel, then the connection, when they pile up."""
+        self._refusals += 1
+        if self._refusals % REFUSALS_PER_CONNECTION == 0:
+            _logger.warning(
+                "The broker refused %d reports in a row; publishing on a fresh connection",
+                self._refusals,
+            )
+            self._publisher.drop()
+        elif self._refusals % REFUSALS_PER_CHANNEL == 0 and self._fresh_channel is None:
+            _logger.warning(
+                "The broker refused %d reports in a row; publishing on a fresh channel",
+                self._refusals,
+            )
+            self._fresh_channel = asyncio.ensure_future(self._replace_publish_channel())
+
+    async def _replace_publish_channel(self) -> None:
+        try:
+            old = self._publish_channel
+            fresh = await self._publisher.connection.channel(
+                publisher_confirms=True, on_return_raises=True
+            )
+            self._publish_channel = fresh
+            if old is not None:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(old.close(), timeout=5.0)
+        except Exception as exc:  # the next refusals try again
+            _logger.warning("Could not open a fresh report channel (%s)", type(exc).__name__)
+        finally:
+            self._fresh_channel = None
 
     async def _settle(
         self,
@@ -468,9 +493,6 @@ class RabbitMQTransport:
         await self._settle(delivery, "reject", lambda message: message.reject(requeue=False))
 
     async def close(self) -> None:
-        """Close the connection (at most 5 s); idempotent."""
+        """Close both connections (at most 5 s each, at once); idempotent."""
         self._stopping = True
-        connection, self._connection = self._connection, None
-        if connection is not None and not connection.is_closed:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(connection.close(), timeout=5.0)
+        await asyncio.gather(self._consumer.close(), self._publisher.close())

@@ -1,0 +1,284 @@
+"""One AMQP connection that stays up: several broker URLs, heartbeats, blocked publishers.
+
+aio-pika's robust connection reconnects and restores channels, queues and consumers; this
+module adds what a worker that must never lose a result also needs from it:
+
+- **Several URLs** (the nodes of a cluster, ``BROKER_URL`` split at its commas): tried in turn
+  at start, and the next one is used for every reconnect, so that a stopped node costs a
+  reconnect interval, not its whole downtime.
+- **A silent peer is a dead peer.** Each URL asks for an AMQP heartbeat of ``heartbeat_s``
+  (unless it names its own ``?heartbeat=``). RabbitMQ then sends a frame at least every half
+  heartbeat; a connection that received nothing for two heartbeats is taken for dead and
+  dropped at once, which withdraws its deliveries and reconnects (aiormq on its own waits
+  ``3 * (heartbeat + 1)`` seconds). It is not :attr:`alive` after one heartbeat of silence.
+- **Blocked publishers.** RabbitMQ blocks a connection that publishes while a memory or disk
+  alarm is on (``connection.blocked``); it then stops reading that connection's socket.
+  :attr:`blocked` says so, and :meth:`wait_unblocked` waits for ``connection.unblocked``.
+
+aiormq keeps the time of the last frame and the blocked state in private attributes; they are
+read here alone (:func:`_last_frame_time`, :func:`_is_blocked`), and a missing one disables only
+the check that needs it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Sequence
+from typing import Any, Final
+
+import aio_pika
+from aio_pika.abc import AbstractRobustConnection
+from yarl import URL
+
+from async_task_api_worker.errors import BrokerUnavailableError
+from async_task_api_worker.observability.redaction import redact_url
+from async_task_api_worker.transports.rabbitmq._errors import is_refusal, refused
+
+__all__ = ["ATTEMPT_TIMEOUT_S", "BrokerLink"]
+
+_logger = logging.getLogger("async_task_api_worker.transports.rabbitmq")
+
+#: How long one connection attempt to one URL may take, in seconds: a node behind a dead
+#: network must not hold up the others.
+ATTEMPT_TIMEOUT_S: Final = 10.0
+#: The longest wait between two rounds of attempts over every URL, in seconds.
+MAX_BACKOFF_S: Final = 30.0
+
+
+def with_heartbeat(url: str, heartbeat_s: int) -> str:
+    """``url`` asking for ``heartbeat_s`` (its own ``?heartbeat=`` is kept)."""
+    parsed = URL(url)
+    if "heartbeat" in parsed.query:
+        return url
+    return str(parsed.update_query(heartbeat=str(heartbeat_s)))
+
+
+class BrokerLink:
+    """A robust connection over ``urls``, with heartbeat and blocked-state tracking.
+
+    Args:
+        urls: the broker URLs, tried in this order (at least one).
+        heartbeat_s: the AMQP heartbeat to ask for, in seconds.
+        name: the connection's name, shown by the broker (``rabbitmqctl list_connections``).
+        connect_timeout_s: give up connecting after this many seconds (``None``: never).
+        reconnect_interval_s: aio-pika's wait between two reconnection attempts, in seconds.
+    """
+
+    def __init__(
+        self,
+        urls: Sequence[str],
+        *,
+        heartbeat_s: int,
+        name: str,
+        connect_timeout_s: float | None = None,
+        reconnect_interval_s: float = 1.0,
+    ) -> None:
+        if not urls:
+            raise ValueError("no broker URL")
+        self._urls = tuple(with_heartbeat(url, heartbeat_s) for url in urls)
+        self._urls_for_logs = tuple(redact_url(url) for url in urls)
+        self._heartbeat_s = float(heartbeat_s)
+        self._name = name
+        self._connect_timeout_s = connect_timeout_s
+        self._reconnect_interval_s = reconnect_interval_s
+        self._index = 0
+        self._connection: AbstractRobustConnection | None = None
+        self._watchdog: asyncio.Task[None] | None = None
+        self._closing = False
+        self._closings: set[asyncio.Future[Any]] = set()
+
+    @property
+    def url_for_logs(self) -> str:
+        """The URL in use, its password replaced by ``***``."""
+        return self._urls_for_logs[self._index]
+
+    @property
+    def connection(self) -> AbstractRobustConnection:
+        """The robust connection (after :meth:`open`)."""
+        if self._connection is None:
+            raise RuntimeError("open() first")
+        return self._connection
+
+    @property
+    def connected(self) -> bool:
+        """Whether a connection is open right now (``False`` while it reconnects)."""
+        connection = self._connection
+        return (
+            connection is not None
+            and not connection.is_closed
+            and connection.connected.is_set()
+            and connection.transport is not None
+        )
+
+    def silence_s(self) -> float | None:
+        """Seconds since the last frame from the broker (``None``: not connected, or unknown)."""
+        underlay = self._underlay()
+        last = _last_frame_time(underlay)
+        if underlay is None or last is None:
+            return None
+        return asyncio.get_running_loop().time() - last
+
+    @property
+    def alive(self) -> bool:
+        """Connected, and a frame arrived within the last heartbeat."""
+        if not self.connected:
+            return False
+        silence = self.silence_s()
+        return silence is None or silence <= self._heartbeat_s
+
+    @property
+    def blocked(self) -> bool:
+        """Whether the broker blocks this connection's publishes (``connection.blocked``)."""
+        return self.connected and _is_blocked(self._underlay())
+
+    async def wait_unblocked(self) -> None:
+        """Wait until the connection is up and not blocked (cancel to stop waiting)."""
+        while True:
+            underlay = self._underlay()
+            if underlay is not None and self.connected:
+                await underlay.ready()  # connected and not blocked (aiormq's own events)
+                if self.connected and not _is_blocked(self._underlay()):
+                    return
+            else:
+                await self.connection.connected.wait()
+
+    async def open(self) -> AbstractRobustConnection:
+        """Connect to the first URL that answers, trying them in turn with a backoff.
+
+        Raises:
+            BrokerRefusedError: a broker refused the credentials or the vhost.
+            BrokerUnavailableError: no URL answered within ``connect_timeout_s``.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = (
+            None if self._connect_timeout_s is None else loop.time() + self._connect_timeout_s
+        )
+        delay_s = 0.5
+        last_error: Exception | None = None
+        while True:
+            failures: list[str] = []
+            for _ in self._urls:
+                url = self._urls[self._index]
+                remaining = None if deadline is None else max(0.1, deadline - loop.time())
+                try:
+                    connection = await aio_pika.connect_robust(
+                        url,
+                        reconnect_interval=self._reconnect_interval_s,
+                        client_properties={"connection_name": self._name},
+                        timeout=min(ATTEMPT_TIMEOUT_S, remaining or ATTEMPT_TIMEOUT_S),
+                    )
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:
+                    if is_refusal(exc):
+                        raise refused(exc, self.url_for_logs) from exc
+                    failures.append(f"{self.url_for_logs} ({type(exc).__name__})")
+                    self._index = (self._index + 1) % len(self._urls)
+                    last_error = exc
+                    if deadline is not None and loop.time() >= deadline:
+                        break
+                    continue
+                self._adopt(connection)
+                return connection
+            if deadline is not None and loop.time() + delay_s >= deadline:
+                raise BrokerUnavailableError(
+                    f"the broker was not reachable within {self._connect_timeout_s:g} s: "
+                    + ", ".join(failures)
+                ) from last_error
+            _logger.warning(
+                "Cannot reach the broker at %s; retrying in %g s", ", ".join(failures), delay_s
+            )
+            await asyncio.sleep(delay_s)
+            delay_s = min(delay_s * 2, MAX_BACKOFF_S)
+
+    def _adopt(self, connection: AbstractRobustConnection) -> None:
+        self._connection = connection
+        connection.close_callbacks.add(self._on_close)
+        connection.reconnect_callbacks.add(self._on_reconnect)
+        self._watchdog = asyncio.ensure_future(self._watch())
+
+    def _on_close(self, _sender: object, exc: BaseException | None) -> None:
+        if self._closing or len(self._urls) == 1:
+            return
+        # The next attempt goes to the next node: the one we lost may be the one that is down.
+        self._next_url()
+
+    def _next_url(self) -> None:
+        self._index = (self._index + 1) % len(self._urls)
+        connection = self._connection
+        if connection is not None:
+            # aio-pika reads its URL on each attempt (Connection.connect).
+            connection.url = URL(self._urls[self._index])  # type: ignore[attr-defined]
+
+    def _on_reconnect(self, _sender: object) -> None:
+        _logger.info("Reconnected to %s (%s)", self.url_for_logs, self._name)
+
+    async def _watch(self) -> None:
+        """Drop a connection silent for two heartbeats; rotate URLs while reconnecting."""
+        period_s = max(0.25, min(1.0, self._heartbeat_s / 4))
+        down_since: float | None = None
+        loop = asyncio.get_running_loop()
+        while not self._closing:
+            await asyncio.sleep(period_s)
+            if not self.connected:
+                now = loop.time()
+                down_since = down_since or now
+                if len(self._urls) > 1 and now - down_since >= self._reconnect_interval_s * 2:
+                    # An attempt failed meanwhile (aio-pika retries the same URL): move on.
+                    self._next_url()
+                    down_since = now
+                continue
+            down_since = None
+            silence = self.silence_s()
+            if silence is not None and silence > 2 * self._heartbeat_s:
+                _logger.warning(
+                    "No frame from the broker at %s for %.1f s (heartbeat %g s): the "
+                    "connection is taken for dead and dropped (%s)",
+                    self.url_for_logs,
+                    silence,
+                    self._heartbeat_s,
+                    self._name,
+                )
+                self.drop()
+
+    def drop(self) -> None:
+        """Drop the current connection at once, without a closing handshake; it reconnects.
+
+        Its channels close (so a consumer's deliveries are withdrawn), and aio-pika opens a
+        fresh connection, to the next URL when there are several.
+        """
+        underlay = self._underlay()
+        reader = getattr(underlay, "_reader_task", None)
+        if isinstance(reader, asyncio.Task) and not reader.done():
+            reader.cancel()  # aiormq's own way out of a stuck connection
+        elif underlay is not None:
+            closing = asyncio.ensure_future(underlay.close(ConnectionError("dropped")))
+            self._closings.add(closing)
+            closing.add_done_callback(self._closings.discard)
+
+    async def close(self) -> None:
+        """Close the connection (at most 5 s); idempotent."""
+        self._closing = True
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+        connection, self._connection = self._connection, None
+        if connection is not None and not connection.is_closed:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(connection.close(), timeout=5.0)
+
+    def _underlay(self) -> Any:
+        connection = self._connection
+        transport = getattr(connection, "transport", None)
+        return getattr(transport, "connection", None)
+
+
+def _last_frame_time(underlay: Any) -> float | None:
+    value = getattr(underlay, "_Connection__last_frame_time", None)
+    return value if isinstance(value, float) else None
+
+
+def _is_blocked(underlay: Any) -> bool:
+    unblocked = getattr(underlay, "_Connection__connection_unblocked", None)
+    return isinstance(unblocked, asyncio.Event) and not unblocked.is_set()
