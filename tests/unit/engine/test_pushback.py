@@ -66,7 +66,8 @@ class SizeLimited(InMemoryTransport):
     async def publish(self, delivery: Delivery, report: EncodedReport) -> None:
         if len(report.body) > self.limit:
             self.refused.append(len(report.body))
-            raise MessageTooLargeError(f"message size {len(report.body)} is larger than {self.limit}")
+            size = len(report.body)
+            raise MessageTooLargeError(f"message size {size} is larger than {self.limit}")
         await super().publish(delivery, report)
 
 
@@ -134,7 +135,9 @@ async def test_a_report_the_broker_refuses_for_its_size_concludes_at_once_as_too
 async def test_a_report_over_worker_max_report_bytes_is_not_published() -> None:
     calls: list[int] = []
     transport = InMemoryTransport()
-    engine = engine_for(worker_returning("x" * 5000, calls), transport, worker_max_report_bytes=4096)
+    engine = engine_for(
+        worker_returning("x" * 5000, calls), transport, worker_max_report_bytes=4096
+    )
     settlement = await engine.handle(deliver(transport))
     assert settlement.code == "RESULT_TOO_LARGE"
     assert [r.report.type for r in transport.published] == ["started", "failure"]

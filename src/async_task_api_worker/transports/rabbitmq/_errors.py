@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 
@@ -15,7 +16,7 @@ from async_task_api_worker.errors import (
     SettleError,
 )
 
-__all__ = ["is_refusal", "is_too_large", "publish_errors", "settle_errors"]
+__all__ = ["is_refusal", "publish_errors", "settle_errors", "size_limit_of"]
 
 #: What a broker operation can raise when the connection or channel is gone or the broker says
 #: no: aiormq's protocol errors, a stale channel, the socket itself, or a confirm timeout.
@@ -44,15 +45,20 @@ def is_refusal(exc: BaseException) -> bool:
     )
 
 
-def is_too_large(exc: BaseException | None) -> bool:
-    """Whether the broker closed the channel because a message was over ``max_message_size``.
+_SIZE_REFUSAL = re.compile(r"message size \d+ is larger than configured max size (\d+)")
+
+
+def size_limit_of(exc: BaseException | None) -> int | None:
+    """The broker's ``max_message_size``, when it closed the channel for a message over it.
 
     RabbitMQ answers ``PRECONDITION_FAILED - message size 2000000 is larger than configured
-    max size 1048576`` (3.10 and 4.0), which aiormq raises as ``ChannelPreconditionFailed``.
+    max size 1048576`` (3.10 and 4.0), which aiormq raises as ``ChannelPreconditionFailed`` for
+    every publish waiting on that channel: the caller compares its own size with the limit.
     """
-    return isinstance(exc, aiormq.exceptions.ChannelPreconditionFailed) and (
-        "larger than configured max size" in str(exc) or "message size" in str(exc)
-    )
+    if not isinstance(exc, aiormq.exceptions.ChannelPreconditionFailed):
+        return None
+    match = _SIZE_REFUSAL.search(str(exc))
+    return int(match.group(1)) if match else None
 
 
 def refused(exc: BaseException, url_for_logs: str) -> BrokerRefusedError:

@@ -47,10 +47,10 @@ from async_task_api_worker.ports import Delivery
 from async_task_api_worker.protocol.reports import EncodedReport
 from async_task_api_worker.transports.rabbitmq._errors import (
     is_refusal,
-    is_too_large,
     publish_errors,
     refused,
     settle_errors,
+    size_limit_of,
 )
 from async_task_api_worker.transports.rabbitmq.link import BrokerLink
 from async_task_api_worker.transports.rabbitmq.topology import declare_queue, queue_type
@@ -407,7 +407,8 @@ class RabbitMQTransport:
                 )
         except PublishError as exc:
             cause = exc.__cause__
-            if is_too_large(cause):
+            limit = size_limit_of(cause)
+            if limit is not None and len(report.body) > limit:
                 raise MessageTooLargeError(str(cause)) from cause
             if isinstance(cause, aiormq.exceptions.PublishError) and channel is not None:
                 # Returned as unroutable: the output queue is gone. Declare it again so

@@ -1,0 +1,182 @@
+"""The fault suite: real workers, real brokers, injected faults, every task id counted.
+
+Broker-wide faults (restarts, alarms, a lowered ``max_message_size``, a cluster, RabbitMQ 4.0)
+get nodes of the suite's own on other ports (``scripts/rabbitmq_nodes.py``); the machine's
+broker on 5672 only ever gets vhosts of the suite's own. RabbitMQ 4.0 runs from the Debian 13
+root (``python scripts/rabbitmq_nodes.py root``); without it the 4.0 cases skip, except under
+``CI=true``, where they fail.
+
+Each case adds a row to the fault table, printed at the end of the run, and written as JSON
+lines to ``$ATW_FAULT_TABLE`` when it is set (``docs/faults.md`` shows the last run's).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from scripts.rabbitmq_nodes import Node, NodeSpec, default_root, root_ready
+from tests.integration.conftest import BROKER_USER, broker_url, rabbitmqctl
+
+ROWS: list[dict[str, object]] = []
+
+#: Ports of the suite's own nodes (the tooling's tests use 5700-5799).
+PORT_310, PORT_40, CLUSTER_PORTS = 5801, 5821, (5811, 5812, 5813)
+EPMD_40 = 4371
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if Path(str(item.fspath)).is_relative_to(Path(__file__).parent):
+            item.add_marker(pytest.mark.integration)
+            item.add_marker(pytest.mark.faults)
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if not ROWS:
+        return
+    terminalreporter.write_sep("-", "fault table (per task id)")
+    for line in table(ROWS):
+        terminalreporter.write_line(line)
+    destination = os.environ.get("ATW_FAULT_TABLE")
+    if destination:
+        with Path(destination).open("w") as out:
+            for row in ROWS:
+                out.write(json.dumps(row) + "\n")
+
+
+def table(rows: list[dict[str, object]]) -> list[str]:
+    """The fault table as Markdown lines."""
+    lines = [
+        "| fault | broker | tasks | lost | duplicate successes | double conclusions | hung "
+        "| handler runs | reports | measured |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---|---|",
+    ]
+    for row in rows:
+        codes = ", ".join(f"{code} {n}" for code, n in dict(row["codes"]).items())  # type: ignore[call-overload]
+        lines.append(
+            f"| {row['case']} | {row.get('broker', '')} | {row['tasks']} | {row['lost']} "
+            f"| {row['duplicate_successes']} | {row['double_conclusions']} | {row['hung']} "
+            f"| {row['handler_runs']} | {codes} | {row.get('measured', '')} |"
+        )
+    return lines
+
+
+@pytest.fixture
+def record() -> Callable[[dict[str, object]], None]:
+    """Add a row to the fault table."""
+    return ROWS.append
+
+
+@dataclass
+class Broker:
+    """Where a case runs: a node of the suite's own, or the machine's broker."""
+
+    label: str
+    node: Node | None = None
+    vhosts: list[str] = field(default_factory=list)
+
+    def url(self, vhost: str) -> str:
+        if self.node is not None:
+            return self.node.url(vhost)
+        return broker_url(vhost)
+
+    def ctl(self, *arguments: str) -> str:
+        if self.node is not None:
+            return self.node.ctl(*arguments)
+        return rabbitmqctl(*arguments)
+
+    def vhost(self, *, quorum: bool = True, delivery_limit: int | None = 20) -> str:
+        """A fresh vhost (quorum queues by default, and a broker delivery limit above the
+        worker's, as the docs ask); it goes with the broker, or is deleted by the fixture."""
+        name = f"atw-fault-{uuid.uuid4().hex[:8]}"
+        self.ctl("add_vhost", name, *(["--default-queue-type", "quorum"] if quorum else []))
+        user = "guest" if self.node is not None else BROKER_USER
+        self.ctl("set_permissions", "-p", name, user, ".*", ".*", ".*")
+        if quorum and delivery_limit is not None:
+            self.ctl(
+                "set_policy", "-p", name, "delivery-limit", ".*",
+                json.dumps({"delivery-limit": delivery_limit}), "--apply-to", "queues",
+            )  # fmt: skip
+        self.vhosts.append(name)
+        return name
+
+    def counts(self, vhost: str, queue: str) -> tuple[int, int]:
+        """``(ready, unacked)`` of ``queue``."""
+        output = self.ctl(
+            "list_queues", "-q", "-p", vhost, "name", "messages_ready", "messages_unacknowledged"
+        )
+        for line in output.splitlines():
+            parts = line.split()
+            if len(parts) == 3 and parts[0] == queue:
+                return int(parts[1]), int(parts[2])
+        return (0, 0)
+
+    def hung(self, vhost: str, queue: str, timeout_s: float = 30.0) -> int:
+        """What ``queue`` still holds once it has had ``timeout_s`` to drain (0 is good);
+        quorum queues publish their counts with a lag."""
+        deadline = time.monotonic() + timeout_s
+        while sum(counts := self.counts(vhost, queue)) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        return sum(counts)
+
+
+@pytest.fixture
+def machine_broker() -> Iterator[Broker]:
+    """The machine's broker (vhosts of the case's own, deleted afterwards)."""
+    broker = Broker(label="3.10 (machine's)")
+    try:
+        rabbitmqctl("status")
+    except Exception as exc:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"the machine's RabbitMQ is not usable: {exc}")
+        pytest.skip(f"the machine's RabbitMQ is not usable: {exc}")
+    yield broker
+    for vhost in broker.vhosts:
+        rabbitmqctl("delete_vhost", vhost)
+
+
+def own_node(version: str, port: int, **spec: Any) -> Iterator[Broker]:
+    """A fresh node of the case's own; stopped and deleted afterwards."""
+    if version == "4.0" and not root_ready(default_root()):
+        message = f"no Debian 13 root at {default_root()} (python scripts/rabbitmq_nodes.py root)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    extra = {"epmd_port": EPMD_40} if version == "4.0" else {}
+    node = Node(NodeSpec(name=f"atw-fault-{port}", port=port, version=version, **extra, **spec))
+    try:
+        node.start(fresh=True)
+        yield Broker(label=f"{node.server_version()} (own node)", node=node)
+    finally:
+        node.remove()
+
+
+@pytest.fixture
+def node_310(request: pytest.FixtureRequest) -> Iterator[Broker]:
+    """A RabbitMQ 3.10 node of the case's own; indirect parameters are ``NodeSpec`` fields
+    (``conf``, ``advanced_config``)."""
+    yield from own_node("3.10", PORT_310, **getattr(request, "param", {}))
+
+
+@pytest.fixture(params=["3.10", "4.0"])
+def node_any(request: pytest.FixtureRequest) -> Iterator[Broker]:
+    """A node of the case's own, once on RabbitMQ 3.10 and once on 4.0."""
+    port = PORT_310 if request.param == "3.10" else PORT_40
+    yield from own_node(request.param, port)
+
+
+@pytest.fixture
+def markers(tmp_path: Path) -> Path:
+    """The folder the handlers mark their calls in."""
+    folder = tmp_path / "markers"
+    folder.mkdir()
+    return folder

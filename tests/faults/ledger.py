@@ -1,0 +1,294 @@
+"""The fault suite's bookkeeping: publish tasks with known ids, read every report, count.
+
+A case publishes N tasks, injects its fault, lets supervised workers settle them, then reads the
+output queue until every task has a terminal report (and a little longer, for late duplicates).
+Per task id it counts: **lost** (no terminal report), **duplicate successes** (``success`` from
+more than one attempt: the handler succeeded twice), **double conclusions** (two terminal reports
+that disagree), and **handler runs** (marker files). **Hung** is what the input queue still holds
+once everything is reported.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aio_pika
+
+from async_task_api_worker.client import build_envelope
+from tests.integration.conftest import REPO
+
+__all__ = ["Counts", "Ledger", "Supervisor", "free_port", "publish_tasks", "worker_env"]
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on right now."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+async def publish_tasks(
+    url: str, queue: str, count: int, task_input: dict[str, Any], service: str = "steady"
+) -> list[str]:
+    """Publish ``count`` envelopes (persistent, confirmed) to ``queue``; their task ids."""
+    ids: list[str] = []
+    connection = await aio_pika.connect(url)
+    async with connection:
+        channel = await connection.channel(publisher_confirms=True)
+        for _ in range(count):
+            task_id, body = build_envelope(task_input, service=service)
+            await channel.default_exchange.publish(
+                aio_pika.Message(body, delivery_mode=aio_pika.DeliveryMode.PERSISTENT),
+                routing_key=queue,
+            )
+            ids.append(task_id)
+    return ids
+
+
+@dataclass
+class Counts:
+    """One case's counts, per task id."""
+
+    tasks: int
+    lost: list[str]
+    duplicate_successes: list[str]
+    double_conclusions: list[str]
+    handler_runs: int
+    hung: int
+    codes: dict[str, int]
+    attempts: dict[str, list[int]]
+
+    def row(self, case: str, **extra: object) -> dict[str, object]:
+        """The case's row of the fault table."""
+        return {
+            "case": case,
+            "tasks": self.tasks,
+            "lost": len(self.lost),
+            "duplicate_successes": len(self.duplicate_successes),
+            "double_conclusions": len(self.double_conclusions),
+            "handler_runs": self.handler_runs,
+            "hung": self.hung,
+            "codes": dict(sorted(self.codes.items())),
+            **extra,
+        }
+
+
+@dataclass
+class Ledger:
+    """Every report seen on the output queue, by task id."""
+
+    reports: dict[str, list[dict[str, Any]]] = field(default_factory=lambda: defaultdict(list))
+    seen_ids: set[str] = field(default_factory=set)
+    arrivals: list[tuple[float, str, str]] = field(default_factory=list)
+
+    def add(self, body: bytes, message_id: str | None) -> None:
+        """Record one report (a redelivered copy with the same message id counts once)."""
+        try:
+            report = json.loads(body)
+        except ValueError:
+            return
+        if not isinstance(report, dict) or "task_id" not in report:
+            return
+        if message_id is not None:
+            if message_id in self.seen_ids:
+                return
+            self.seen_ids.add(message_id)
+        self.reports[str(report["task_id"])].append(report)
+        self.arrivals.append((time.monotonic(), str(report["task_id"]), str(report.get("type"))))
+
+    def terminal(self, task_id: str) -> list[dict[str, Any]]:
+        """The task's ``success`` and ``failure`` reports."""
+        return [r for r in self.reports.get(task_id, []) if r.get("type") in ("success", "failure")]
+
+    async def read(
+        self, url: str, queue: str, ids: Iterable[str], timeout_s: float, linger_s: float = 3.0
+    ) -> None:
+        """Consume ``queue`` until every id has a terminal report, then ``linger_s`` more."""
+        wanted = set(ids)
+        done = asyncio.Event()
+
+        async def on_message(message: aio_pika.abc.AbstractIncomingMessage) -> None:
+            self.add(message.body, message.message_id)
+            await message.ack()
+            if all(self.terminal(task_id) for task_id in wanted):
+                done.set()
+
+        connection = await aio_pika.connect_robust(url)
+        async with connection:
+            channel = await connection.channel()
+            await channel.set_qos(prefetch_count=200)
+            out = await channel.declare_queue(queue, passive=True)
+            await out.consume(on_message)
+            if not all(self.terminal(task_id) for task_id in wanted):
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(done.wait(), timeout_s)
+            await asyncio.sleep(linger_s)
+
+    def count(self, ids: list[str], markers: Path, hung: int) -> Counts:
+        """Count ``ids`` against what was read and the handler's markers."""
+        runs: dict[str, int] = defaultdict(int)
+        for marker in markers.iterdir():
+            runs[marker.name.split(".")[0]] += 1
+        lost, duplicates, double = [], [], []
+        codes: dict[str, int] = defaultdict(int)
+        attempts: dict[str, list[int]] = {}
+        for task_id in ids:
+            terminal = self.terminal(task_id)
+            if not terminal:
+                lost.append(task_id)
+                continue
+            success_attempts = {r["attempt"] for r in terminal if r["type"] == "success"}
+            if len(success_attempts) > 1:
+                duplicates.append(task_id)
+            kinds = {(r["type"], (r.get("error") or {}).get("code")) for r in terminal}
+            if len(kinds) > 1:
+                double.append(task_id)
+            for kind, code in kinds:
+                codes[code or kind] += 1
+            attempts[task_id] = sorted({r["attempt"] for r in self.reports[task_id]})
+        return Counts(
+            tasks=len(ids),
+            lost=lost,
+            duplicate_successes=duplicates,
+            double_conclusions=double,
+            handler_runs=sum(runs[task_id] for task_id in ids),
+            hung=hung,
+            codes=dict(codes),
+            attempts=attempts,
+        )
+
+
+def worker_env(url: str, queue: str, markers: Path, **overrides: str) -> dict[str, str]:
+    """The environment of a fault-suite worker on ``queue``_in / ``queue``_out."""
+    environment = dict(os.environ)
+    environment.update(
+        BROKER_URL=url,
+        IN_QUEUE_NAME=f"{queue}_in",
+        OUT_QUEUE_NAME=f"{queue}_out",
+        ATW_TEST_MARKERS=str(markers),
+        HEALTH_CHECK_HOST="127.0.0.1",
+        HEALTH_CHECK_PORT=str(free_port()),
+        PYTHONUNBUFFERED="1",
+        WORKER_CONCURRENCY="4",
+        WORKER_DELIVERY_LIMIT="3",
+        WORKER_RETRY_BACKOFF_S="0.1",
+        WORKER_RETRY_BACKOFF_MAX_S="2",
+        BROKER_HEARTBEAT_S="5",
+    )
+    environment.update(overrides)
+    return environment
+
+
+class Supervisor:
+    """Keeps one worker process running, as a supervisor would: a worker that exits is started
+    again (after ``restart_delay_s``), until :meth:`stop`.
+
+    Args:
+        target: ``module:worker``.
+        env: the worker's environment.
+        logs: the folder the workers' output goes to (one file per process).
+    """
+
+    def __init__(self, target: str, env: dict[str, str], logs: Path) -> None:
+        self.target = target
+        self.env = env
+        self.logs = logs
+        self.processes: list[subprocess.Popen[bytes]] = []
+        self.paths: list[Path] = []
+        self._stopping = False
+        self.restarts = 0
+
+    @property
+    def probes(self) -> str:
+        """The probes server of the current process."""
+        return f"http://127.0.0.1:{self.env['HEALTH_CHECK_PORT']}"
+
+    @property
+    def current(self) -> subprocess.Popen[bytes]:
+        return self.processes[-1]
+
+    def start(self) -> None:
+        """Start a worker process, and wait until it says it is connected."""
+        path = self.logs / f"worker-{uuid.uuid4().hex[:6]}.log"
+        self.paths.append(path)
+        with path.open("wb") as out:
+            self.processes.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "async_task_api_worker", "run", self.target],
+                    cwd=REPO,
+                    env=self.env,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                )
+            )
+        self.wait_for("Connected to", path=path)
+
+    def log(self) -> str:
+        """Everything every worker process wrote, in order."""
+        return "".join(path.read_text(errors="replace") for path in self.paths)
+
+    def wait_for(
+        self, text: str, timeout_s: float = 60.0, path: Path | None = None, count: int = 1
+    ) -> float:
+        """Wait until ``text`` appears ``count`` times in the log; the monotonic time then."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            log = path.read_text(errors="replace") if path else self.log()
+            if log.count(text) >= count:
+                return time.monotonic()
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no {text!r} x{count} within {timeout_s} s:\n{log[-4000:]}")
+            time.sleep(0.05)
+
+    def kill9(self) -> None:
+        """SIGKILL the current worker (its fork server and children die with it), start anew."""
+        self.current.send_signal(signal.SIGKILL)
+        self.current.wait(30)
+        self.restarts += 1
+        self.start()
+
+    def keep_running(self) -> None:
+        """Start a new worker if the current one has exited (a supervisor's loop, one turn)."""
+        if self.current.poll() is not None and not self._stopping:
+            self.restarts += 1
+            self.start()
+
+    def stop(self) -> int | None:
+        """SIGTERM the current worker and wait for it; its exit code."""
+        self._stopping = True
+        process = self.current
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                return process.wait(60)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        return process.returncode
+
+
+def decisions(log: str, predicate: Callable[[dict[str, Any]], bool]) -> list[dict[str, Any]]:
+    """The worker log's JSON lines for which ``predicate`` holds."""
+    lines = []
+    for line in log.splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and predicate(record):
+            lines.append(record)
+    return lines

@@ -1,0 +1,204 @@
+"""The broker pushes back on reports: a full output queue, a memory alarm, a size limit.
+
+Before this suite, a report refused for longer than ``WORKER_DELIVERY_LIMIT`` x
+``WORKER_RETRY_BACKOFF_MAX_S`` cost its task: every give-back counted (before RabbitMQ 4.3),
+and the task was abandoned with a failure that could not be published either.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.faults.conftest import Broker
+from tests.faults.ledger import Ledger, Supervisor, decisions, publish_tasks, worker_env
+
+TARGET = "tests.faults.workers:steady"
+#: Longer than the worker's delivery limit (3) x WORKER_RETRY_BACKOFF_MAX_S (2 s): the outage
+#: that used to abandon tasks.
+OUTAGE_S = 15.0
+
+
+def ready_status(probes: str) -> tuple[int, dict[str, Any]]:
+    """``GET /ready``: the status code and the JSON body."""
+    try:
+        with urllib.request.urlopen(f"{probes}/ready", timeout=5) as answer:  # noqa: S310
+            return answer.status, json.loads(answer.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+async def fill_output_queue(broker: Broker, vhost: str, queue: str) -> None:
+    """Make ``queue`` refuse every publish: max length 1, ``reject-publish``, one message in."""
+    broker.ctl(
+        "set_policy", "-p", vhost, "full", f"^{queue}$",
+        '{"max-length": 1, "overflow": "reject-publish"}', "--priority", "1",
+        "--apply-to", "queues",
+    )  # fmt: skip
+    import aio_pika
+
+    connection = await aio_pika.connect(broker.url(vhost))
+    async with connection:
+        channel = await connection.channel()
+        await channel.declare_queue(queue, passive=True)
+        await channel.default_exchange.publish(aio_pika.Message(b"filler"), routing_key=queue)
+
+
+@pytest.mark.timeout(300)
+async def test_reports_refused_by_a_full_output_queue_are_held_not_lost(
+    node_any: Broker, markers: Path, tmp_path: Path, record: Any
+) -> None:
+    broker = node_any
+    vhost = broker.vhost()
+    url = broker.url(vhost)
+    worker = Supervisor(TARGET, worker_env(url, "full", markers), tmp_path)
+    worker.start()
+    await fill_output_queue(broker, vhost, "full_out")
+    ids = await publish_tasks(url, "full_in", 12, {"seconds": 0.2})
+    worker.wait_for("was not confirmed by the broker")
+    await asyncio.sleep(OUTAGE_S)
+    broker.ctl("clear_policy", "-p", vhost, "full")
+    freed = time.monotonic()
+    ledger = Ledger()
+    await ledger.read(url, "full_out", ids, timeout_s=60)
+    last = max(at for at, _, kind in ledger.arrivals if kind in ("success", "failure"))
+    counts = ledger.count(ids, markers, broker.hung(vhost, "full_in"))
+    assert worker.stop() == 0
+    record(
+        counts.row(
+            "output queue full (reject-publish) for 15 s, then freed",
+            broker=broker.label,
+            measured=f"all reported {last - freed:.1f} s after; every report from attempt 1",
+        )
+    )
+    assert counts.lost == [] and counts.duplicate_successes == [] and counts.hung == 0
+    assert counts.double_conclusions == []
+    assert counts.codes == {"success": 12}
+    # Held, never given back: no task needed a second attempt.
+    assert all(attempts == [1] for attempts in counts.attempts.values())
+    assert counts.handler_runs == 12
+
+
+@pytest.mark.timeout(300)
+async def test_a_memory_alarm_blocks_reports_which_are_held_then_published(
+    node_310: Broker, markers: Path, tmp_path: Path, record: Any
+) -> None:
+    broker = node_310
+    assert broker.node is not None
+    vhost = broker.vhost()
+    url = broker.url(vhost)
+    worker = Supervisor(TARGET, worker_env(url, "alarm", markers), tmp_path)
+    worker.start()
+    ids = await publish_tasks(url, "alarm_in", 12, {"seconds": 1.0})
+    worker.wait_for("outcome=success")
+    broker.node.set_memory_alarm(True)
+    alarmed = time.monotonic()
+    status, body = 200, {}
+    while time.monotonic() - alarmed < OUTAGE_S:
+        status, body = ready_status(worker.probes)
+        if status == 503:
+            break
+        await asyncio.sleep(0.5)
+    await asyncio.sleep(max(0.0, OUTAGE_S - (time.monotonic() - alarmed)))
+    broker.node.set_memory_alarm(False)
+    ledger = Ledger()
+    await ledger.read(url, "alarm_out", ids, timeout_s=60)
+    counts = ledger.count(ids, markers, broker.hung(vhost, "alarm_in"))
+    assert worker.stop() == 0
+    record(
+        counts.row(
+            "memory alarm for 15 s, then cleared",
+            broker=broker.label,
+            measured="/ready 503 `broker` during the alarm",
+        )
+    )
+    assert status == 503, body
+    assert "broker" in json.dumps(body)
+    assert counts.lost == [] and counts.duplicate_successes == [] and counts.hung == 0
+    assert counts.codes == {"success": 12}
+    assert all(attempts == [1] for attempts in counts.attempts.values())
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("node_310", [{"conf": {"max_message_size": "1048576"}}], indirect=True)
+async def test_a_report_over_the_brokers_size_limit_is_one_result_too_large(
+    node_310: Broker, markers: Path, tmp_path: Path, record: Any
+) -> None:
+    broker = node_310
+    vhost = broker.vhost()
+    url = broker.url(vhost)
+    worker = Supervisor(TARGET, worker_env(url, "big", markers), tmp_path)
+    worker.start()
+    ids = await publish_tasks(url, "big_in", 3, {"size": 2_000_000})
+    ledger = Ledger()
+    await ledger.read(url, "big_out", ids, timeout_s=60)
+    counts = ledger.count(ids, markers, broker.hung(vhost, "big_in"))
+    assert worker.stop() == 0
+    record(
+        counts.row(
+            "a 2 MB result, broker max_message_size 1 MiB",
+            broker=broker.label,
+            measured="one RESULT_TOO_LARGE each, handler run once",
+        )
+    )
+    assert counts.lost == [] and counts.hung == 0
+    assert counts.codes == {"RESULT_TOO_LARGE": 3}
+    assert counts.handler_runs == 3
+    assert "channel closed 5 times" not in worker.log()
+
+
+CONSUMER_TIMEOUT = {
+    "conf": {"consumer_timeout": "20000"},
+    "advanced_config": "[{rabbit, [{channel_tick_interval, 1000}]}].",
+}
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("node_310", [CONSUMER_TIMEOUT], indirect=True)
+async def test_a_report_held_past_the_consumer_timeout_is_given_back_in_time(
+    node_310: Broker, markers: Path, tmp_path: Path, record: Any
+) -> None:
+    broker = node_310
+    vhost = broker.vhost()
+    url = broker.url(vhost)
+    env = worker_env(
+        url,
+        "held",
+        markers,
+        WORKER_CONSUMER_TIMEOUT_S="20",
+        WORKER_CONSUMER_TIMEOUT_CHECK_INTERVAL_S="2",
+        WORKER_RETRY_BACKOFF_MAX_S="1",
+        WORKER_TASK_TIMEOUT_S="5",
+        WORKER_DELIVERY_LIMIT="5",
+    )
+    worker = Supervisor(TARGET, env, tmp_path)
+    worker.start()
+    await fill_output_queue(broker, vhost, "held_out")
+    ids = await publish_tasks(url, "held_in", 4, {"seconds": 0.2})
+    worker.wait_for("reason=report_held_until_consumer_timeout", timeout_s=60, count=4)
+    broker.ctl("clear_policy", "-p", vhost, "full")
+    ledger = Ledger()
+    await ledger.read(url, "held_out", ids, timeout_s=60)
+    counts = ledger.count(ids, markers, broker.hung(vhost, "held_in"))
+    assert worker.stop() == 0
+    log = worker.log()
+    gave_back = decisions(log, lambda r: r.get("outcome") == "publish_failed")
+    record(
+        counts.row(
+            "output queue full past the consumer timeout (20 s)",
+            broker=broker.label,
+            measured=f"{len(gave_back)} give-backs at the hold's end, no consumer timeout",
+        )
+    )
+    assert counts.lost == [] and counts.duplicate_successes == [] and counts.hung == 0
+    assert counts.codes == {"success": 4}
+    assert all(r["reason"] == "report_held_until_consumer_timeout" for r in gave_back)
+    assert "delivery acknowledgement on channel" not in log  # the broker never timed one out
+    assert "The consume channel closed" not in log

@@ -1,0 +1,46 @@
+"""Workers the fault suite runs as real processes (``tests.faults.workers:NAME``).
+
+Each handler call writes a marker file ``<task_id>.<attempt>.<pid>`` into ``$ATW_TEST_MARKERS``,
+so that the suite can count how often each task's handler ran.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from async_task_api_worker import TaskContext, Worker
+
+
+class Input(BaseModel):
+    """How long to work, and how large an answer to give."""
+
+    seconds: float = 0.0
+    size: int = 0
+
+
+class Output(BaseModel):
+    """The attempt that answered, and ``size`` characters."""
+
+    attempt: int
+    text: str = ""
+
+
+def _mark(ctx: TaskContext) -> None:
+    folder = Path(os.environ["ATW_TEST_MARKERS"])
+    (folder / f"{ctx.task_id}.{ctx.attempt}.{os.getpid()}").touch()
+
+
+steady = Worker("steady")
+
+
+@steady.task(timeout=60)
+async def work(task_input: Input, ctx: TaskContext) -> Output:
+    """Work ``seconds`` on every attempt, then answer."""
+    _mark(ctx)
+    await ctx.progress(0.5)
+    await asyncio.sleep(task_input.seconds)
+    return Output(attempt=ctx.attempt, text="x" * task_input.size)
