@@ -44,3 +44,15 @@ async def work(task_input: Input, ctx: TaskContext) -> Output:
     await ctx.progress(0.5)
     await asyncio.sleep(task_input.seconds)
     return Output(attempt=ctx.attempt, text="x" * task_input.size)
+
+
+crashy = Worker("crashy")
+
+
+@crashy.task(timeout=60)
+async def stall_then_work(task_input: Input, ctx: TaskContext) -> Output:
+    """Stall ``seconds`` on the first two attempts (to be killed meanwhile), answer on the third."""
+    _mark(ctx)
+    if ctx.attempt < 3:
+        await asyncio.sleep(task_input.seconds)
+    return Output(attempt=ctx.attempt)

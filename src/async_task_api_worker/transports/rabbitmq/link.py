@@ -250,13 +250,18 @@ class BrokerLink:
         fresh connection, to the next URL when there are several.
         """
         underlay = self._underlay()
+        if underlay is None:
+            return
         reader = getattr(underlay, "_reader_task", None)
         if isinstance(reader, asyncio.Task) and not reader.done():
-            reader.cancel()  # aiormq's own way out of a stuck connection
-        elif underlay is not None:
-            closing = asyncio.ensure_future(underlay.close(ConnectionError("dropped")))
-            self._closings.add(closing)
-            closing.add_done_callback(self._closings.discard)
+            # aiormq's own way out of a stuck connection: the writer then does not wait for a
+            # Close-Ok that cannot come.
+            reader.cancel()
+        # A reader ended by a cancel alone leaves the connection open for a while (aiormq
+        # closes it with the CancelledError, which its close skips): close it with a reason.
+        closing = asyncio.ensure_future(underlay.close(ConnectionError("dropped")))
+        self._closings.add(closing)
+        closing.add_done_callback(self._closings.discard)
 
     async def close(self) -> None:
         """Close the connection (at most 5 s); idempotent."""

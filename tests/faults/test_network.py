@@ -1,0 +1,219 @@
+"""Network faults: a silent partition through a proxy, and a cluster node that stops."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import AsyncIterator
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import aio_pika
+import pytest
+
+from async_task_api_worker.client import build_envelope
+from scripts.rabbitmq_nodes import Node, running_cluster
+from tests.faults.conftest import CLUSTER_PORTS, Broker
+from tests.faults.ledger import Ledger, Supervisor, publish_tasks, worker_env
+from tests.faults.test_pushback import ready_status
+from tests.integration.conftest import BROKER_HOST, BROKER_PORT
+from tests.integration.tcp_proxy import TcpProxy
+
+TARGET = "tests.faults.workers:steady"
+HEARTBEAT_S = 5
+#: The watchdog looks every min(1, heartbeat / 4) s and drops a connection silent for two
+#: heartbeats (transports/rabbitmq/link.py); one more second for the scheduler.
+DETECTION_BOUND_S = 2 * HEARTBEAT_S + min(1.0, HEARTBEAT_S / 4) + 1.0
+PARTITION_S = 60.0
+
+
+@pytest.mark.timeout(300)
+async def test_a_silent_partition_is_seen_within_two_heartbeats_and_nothing_is_lost(
+    machine_broker: Broker, markers: Path, tmp_path: Path, record: Any
+) -> None:
+    vhost = machine_broker.vhost()
+    url = machine_broker.url(vhost)
+    with TcpProxy(BROKER_HOST, BROKER_PORT) as proxy:
+        through_proxy = url.replace(f":{BROKER_PORT}/", f":{proxy.port}/")
+        env = worker_env(through_proxy, "part", markers, BROKER_HEARTBEAT_S=str(HEARTBEAT_S))
+        worker = Supervisor(TARGET, env, tmp_path)
+        worker.start()
+        ids = await publish_tasks(url, "part_in", 12, {"seconds": 4.0})
+        while len(list(markers.iterdir())) < 4:  # four tasks in flight
+            await asyncio.sleep(0.05)
+        proxy.pause()
+        paused, paused_wall = time.monotonic(), time.time()
+        first_503: float | None = None
+        ready_after_503: list[int] = []
+        while time.monotonic() - paused < PARTITION_S:
+            status, _ = ready_status(worker.probes)
+            if status == 503 and first_503 is None:
+                first_503 = time.monotonic() - paused
+            elif first_503 is not None:
+                ready_after_503.append(status)
+            await asyncio.sleep(1.0)
+        proxy.resume()
+        ledger = Ledger()
+        await ledger.read(url, "part_out", ids, timeout_s=90)
+        counts = ledger.count(ids, markers, machine_broker.hung(vhost, "part_in"))
+        assert worker.stop() == 0
+    drops = [
+        datetime.fromisoformat(json.loads(line)["ts"]).timestamp() - paused_wall
+        for line in worker.log().splitlines()
+        if "No frame from" in line
+    ]
+    detected = min(drops, default=float("inf"))
+    record(
+        counts.row(
+            "silent partition of 60 s (TCP proxy), heartbeat 5 s",
+            broker=machine_broker.label,
+            measured=(
+                f"/ready 503 after {first_503:.1f} s, the connection dropped after "
+                f"{detected:.1f} s (bound {DETECTION_BOUND_S:g} s)"
+                if first_503 is not None
+                else ""
+            ),
+        )
+    )
+    assert first_503 is not None and first_503 <= HEARTBEAT_S + 2.0
+    assert set(ready_after_503) == {503}, ready_after_503
+    assert detected <= DETECTION_BOUND_S
+    assert counts.lost == [] and counts.duplicate_successes == [] and counts.hung == 0
+    assert counts.codes == {"success": 12}
+
+
+@contextlib.asynccontextmanager
+async def steady_stream(
+    url: str, queue: str, every_s: float
+) -> AsyncIterator[list[tuple[float, str]]]:
+    """Publish a task every ``every_s`` seconds until the block ends; ``(time, id)`` of each."""
+    published: list[tuple[float, str]] = []
+
+    async def publish() -> None:
+        connection = await aio_pika.connect_robust(url)
+        async with connection:
+            channel = await connection.channel(publisher_confirms=True)
+            while True:
+                task_id, body = build_envelope({"seconds": 0.0}, service="steady")
+                with contextlib.suppress(Exception):
+                    await channel.default_exchange.publish(
+                        aio_pika.Message(body, delivery_mode=aio_pika.DeliveryMode.PERSISTENT),
+                        routing_key=queue,
+                    )
+                    published.append((time.monotonic(), task_id))
+                await asyncio.sleep(every_s)
+
+    task = asyncio.create_task(publish())
+    try:
+        yield published
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+@contextlib.asynccontextmanager
+async def report_reader(url: str, queue: str) -> AsyncIterator[Ledger]:
+    """Read reports into a ledger while the block runs."""
+    ledger = Ledger()
+
+    async def on_message(message: aio_pika.abc.AbstractIncomingMessage) -> None:
+        ledger.add(message.body, message.message_id)
+        await message.ack()
+
+    connection = await aio_pika.connect_robust(url)
+    async with connection:
+        channel = await connection.channel()
+        await channel.set_qos(prefetch_count=200)
+        out = await channel.declare_queue(queue, durable=True)
+        await out.consume(on_message)
+        yield ledger
+
+
+def resumed_after(ledger: Ledger, published: list[tuple[float, str]], since: float) -> float:
+    """Seconds from ``since`` to the first success of a task published after ``since``."""
+    after = {task_id for at, task_id in published if at >= since}
+    for at, task_id, kind in ledger.arrivals:
+        if kind == "success" and task_id in after:
+            return at - since
+    return float("inf")
+
+
+async def wait_resumed(
+    ledger: Ledger, published: list[tuple[float, str]], since: float, timeout_s: float = 60
+) -> float:
+    deadline = time.monotonic() + timeout_s
+    while (gap := resumed_after(ledger, published, since)) == float("inf"):
+        if time.monotonic() > deadline:
+            break
+        await asyncio.sleep(0.1)
+    return gap
+
+
+@pytest.mark.timeout(400)
+async def test_a_stopped_cluster_node_costs_seconds_with_two_urls(
+    markers: Path, tmp_path: Path, record: Any
+) -> None:
+    members = [(f"atw-fault-c{i}", port) for i, port in enumerate(CLUSTER_PORTS, start=1)]
+    with running_cluster(members) as nodes:
+        first, second, third = nodes
+        broker = Broker(label=f"{first.server_version()} cluster of 3", node=first)
+        vhost = broker.vhost()
+        # The input queue is declared through the third node, so that its leader is there,
+        # away from the nodes the worker knows.
+        third_url, second_url = third.url(vhost), second.url(vhost)
+        connection = await aio_pika.connect(third_url)
+        async with connection:
+            channel = await connection.channel()
+            await channel.declare_queue("ha_in", durable=True)
+        leader = first.leader_of("ha_in", vhost)
+        env = worker_env(f"{first.url(vhost)},{second_url}", "ha", markers)
+        worker = Supervisor(TARGET, env, tmp_path)
+        worker.start()
+        async with (
+            report_reader(second_url, "ha_out") as ledger,
+            steady_stream(second_url, "ha_in", 0.05) as published,
+        ):
+            await wait_resumed(ledger, published, time.monotonic())
+            # The queue leader's node stops (not the worker's).
+            leader_node = _node_named(nodes, leader)
+            assert leader_node is not first
+            stopping = time.monotonic()
+            leader_node.stop()
+            leader_gap = await wait_resumed(ledger, published, stopping)
+            leader_node.start()
+            # The worker's node stops.
+            stopping = time.monotonic()
+            first.stop()
+            worker_gap = await wait_resumed(ledger, published, stopping)
+            await asyncio.sleep(2)
+        ids = [task_id for _, task_id in published]
+        final = Ledger()
+        final.reports, final.seen_ids, final.arrivals = ledger.reports, ledger.seen_ids, []
+        await final.read(second_url, "ha_out", ids, timeout_s=60)
+        counts = final.count(ids, markers, Broker("", node=second).hung(vhost, "ha_in"))
+        assert worker.stop() == 0
+        record(
+            counts.row(
+                "cluster of 3: the queue leader's node stopped, then the worker's (2 URLs)",
+                broker=broker.label,
+                measured=(
+                    f"work resumed {leader_gap:.1f} s after the leader's node stopped, "
+                    f"{worker_gap:.1f} s after the worker's"
+                ),
+            )
+        )
+        assert counts.lost == [] and counts.hung == 0
+        assert len(counts.duplicate_successes) <= 8  # only in-flight acks lost with a node
+        assert leader_gap <= 2.0
+        assert worker_gap <= 5.0
+
+
+def _node_named(nodes: list[Node], name: str) -> Node:
+    for node in nodes:
+        if node.nodename == name:
+            return node
+    raise LookupError(name)

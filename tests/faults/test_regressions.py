@@ -1,0 +1,193 @@
+"""The faults the worker already survived, as rows of the table: kill -9, a broker restart, a
+forced disconnect, SIGTERM under load, malformed bodies, and a quorum queue with arguments."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from pathlib import Path
+from typing import Any
+
+import aio_pika
+import pytest
+
+from tests.faults.conftest import Broker
+from tests.faults.ledger import Ledger, Supervisor, publish_tasks, worker_env
+
+TARGET = "tests.faults.workers:steady"
+
+
+async def until_markers(markers: Path, count: int) -> None:
+    """Wait until the handlers have been called ``count`` times in all."""
+    while len(list(markers.iterdir())) < count:
+        await asyncio.sleep(0.05)
+
+
+@pytest.mark.timeout(300)
+async def test_kill_9_mid_run_three_times(
+    machine_broker: Broker, markers: Path, tmp_path: Path, record: Any
+) -> None:
+    vhost = machine_broker.vhost()
+    url = machine_broker.url(vhost)
+    worker = Supervisor(TARGET, worker_env(url, "kill", markers), tmp_path)
+    worker.start()
+    ids = await publish_tasks(url, "kill_in", 20, {"seconds": 1.0})
+    for calls in (4, 10, 16):
+        await until_markers(markers, calls)
+        worker.kill9()
+    ledger = Ledger()
+    await ledger.read(url, "kill_out", ids, timeout_s=120)
+    counts = ledger.count(ids, markers, machine_broker.hung(vhost, "kill_in"))
+    assert worker.stop() == 0
+    record(counts.row("kill -9 of the worker mid-run, 3 times", broker=machine_broker.label))
+    assert counts.lost == [] and counts.hung == 0 and counts.double_conclusions == []
+    # Only a success confirmed and not yet acked when its worker died can be reported twice.
+    assert len(counts.duplicate_successes) <= 3 * 4
+
+
+@pytest.mark.timeout(300)
+async def test_a_broker_restart_mid_run(
+    node_310: Broker, markers: Path, tmp_path: Path, record: Any
+) -> None:
+    assert node_310.node is not None
+    vhost = node_310.vhost()
+    url = node_310.url(vhost)
+    worker = Supervisor(TARGET, worker_env(url, "restart", markers), tmp_path)
+    worker.start()
+    ids = await publish_tasks(url, "restart_in", 20, {"seconds": 1.0})
+    await until_markers(markers, 6)
+    node_310.node.restart()
+    ledger = Ledger()
+    await ledger.read(url, "restart_out", ids, timeout_s=120)
+    counts = ledger.count(ids, markers, node_310.hung(vhost, "restart_in"))
+    assert worker.stop() == 0
+    record(counts.row("broker restart mid-run", broker=node_310.label))
+    assert counts.lost == [] and counts.hung == 0 and counts.double_conclusions == []
+    assert len(counts.duplicate_successes) <= 4
+
+
+@pytest.mark.timeout(300)
+async def test_forced_disconnects_mid_run(
+    machine_broker: Broker, markers: Path, tmp_path: Path, record: Any
+) -> None:
+    vhost = machine_broker.vhost()
+    url = machine_broker.url(vhost)
+    worker = Supervisor(TARGET, worker_env(url, "forced", markers), tmp_path)
+    worker.start()
+    ids = await publish_tasks(url, "forced_in", 20, {"seconds": 1.0})
+    for calls in (4, 12):
+        await until_markers(markers, calls)
+        machine_broker.ctl("close_all_connections", "-p", vhost, "fault suite")
+    ledger = Ledger()
+    await ledger.read(url, "forced_out", ids, timeout_s=120)
+    counts = ledger.count(ids, markers, machine_broker.hung(vhost, "forced_in"))
+    assert worker.stop() == 0
+    record(
+        counts.row("forced disconnect (close_all_connections), twice", broker=machine_broker.label)
+    )
+    assert counts.lost == [] and counts.hung == 0 and counts.double_conclusions == []
+    assert len(counts.duplicate_successes) <= 2 * 4
+
+
+@pytest.mark.timeout(300)
+async def test_sigterm_under_load_then_a_new_worker(
+    machine_broker: Broker, markers: Path, tmp_path: Path, record: Any
+) -> None:
+    vhost = machine_broker.vhost()
+    url = machine_broker.url(vhost)
+    env = worker_env(url, "term", markers, WORKER_SHUTDOWN_GRACE_S="1")
+    worker = Supervisor(TARGET, env, tmp_path)
+    worker.start()
+    ids = await publish_tasks(url, "term_in", 20, {"seconds": 3.0})
+    await until_markers(markers, 4)
+    worker.current.send_signal(signal.SIGTERM)
+    exit_code = worker.current.wait(60)
+    worker.keep_running()  # the supervisor starts the next one
+    ledger = Ledger()
+    await ledger.read(url, "term_out", ids, timeout_s=120)
+    counts = ledger.count(ids, markers, machine_broker.hung(vhost, "term_in"))
+    assert worker.stop() == 0
+    record(
+        counts.row(
+            "SIGTERM with 4 tasks in flight, grace 1 s",
+            broker=machine_broker.label,
+            measured=f"exit {exit_code}",
+        )
+    )
+    assert exit_code == 0
+    assert counts.lost == [] and counts.hung == 0
+    assert counts.duplicate_successes == [] and counts.double_conclusions == []
+
+
+@pytest.mark.timeout(300)
+async def test_malformed_bodies_are_reported_or_dead_lettered_and_the_rest_runs(
+    machine_broker: Broker, markers: Path, tmp_path: Path, record: Any
+) -> None:
+    vhost = machine_broker.vhost()
+    url = machine_broker.url(vhost)
+    worker = Supervisor(TARGET, worker_env(url, "bad", markers), tmp_path)
+    worker.start()
+    connection = await aio_pika.connect(url)
+    async with connection:
+        channel = await connection.channel(publisher_confirms=True)
+        bad_ids = [f"bad-{n}" for n in range(5)]
+        bodies = [b"\xff\xfe not json", b"[]", b'{"task_id": 5}', b"{" * 100_000, b""]
+        bodies += [
+            f'{{"protocol_version":1,"task_id":"{task_id}","client_id":"c","service":"elsewhere",'
+            f'"input":{{}}}}'.encode()
+            for task_id in bad_ids
+        ]
+        for body in bodies:
+            await channel.default_exchange.publish(aio_pika.Message(body), routing_key="bad_in")
+    ids = await publish_tasks(url, "bad_in", 10, {"seconds": 0.1})
+    ledger = Ledger()
+    await ledger.read(url, "bad_out", ids + bad_ids, timeout_s=60)
+    counts = ledger.count(ids + bad_ids, markers, machine_broker.hung(vhost, "bad_in"))
+    assert worker.current.poll() is None  # never crashed
+    assert worker.stop() == 0
+    record(
+        counts.row(
+            "10 malformed bodies (5 without a task id) among 10 tasks",
+            broker=machine_broker.label,
+            measured="5 without a task id rejected (dead-lettered where a DLX is set)",
+        )
+    )
+    assert counts.lost == [] and counts.hung == 0
+    assert counts.codes == {"success": 10, "POISON_MESSAGE": 5}
+
+
+@pytest.mark.timeout(300)
+async def test_a_quorum_queue_with_a_delivery_limit_argument_counts_attempts(
+    machine_broker: Broker, markers: Path, tmp_path: Path, record: Any
+) -> None:
+    vhost = machine_broker.vhost(quorum=False)
+    url = machine_broker.url(vhost)
+    connection = await aio_pika.connect(url)
+    async with connection:
+        channel = await connection.channel()
+        await channel.declare_queue(
+            "limit_in",
+            durable=True,
+            arguments={"x-queue-type": "quorum", "x-delivery-limit": 10},
+        )
+    worker = Supervisor("tests.faults.workers:crashy", worker_env(url, "limit", markers), tmp_path)
+    worker.start()
+    ids = await publish_tasks(url, "limit_in", 1, {"seconds": 600}, service="crashy")
+    for calls in (1, 2):
+        await until_markers(markers, calls)
+        worker.kill9()
+    ledger = Ledger()
+    await ledger.read(url, "limit_out", ids, timeout_s=60)
+    counts = ledger.count(ids, markers, machine_broker.hung(vhost, "limit_in"))
+    assert worker.stop() == 0
+    attempts = sorted(int(marker.name.split(".")[1]) for marker in markers.iterdir())
+    record(
+        counts.row(
+            "quorum queue with x-delivery-limit, kill -9 twice",
+            broker=machine_broker.label,
+            measured=f"attempts {attempts}",
+        )
+    )
+    assert attempts == [1, 2, 3]
+    assert counts.codes == {"success": 1} and counts.lost == []
+    assert "is not a quorum queue" not in worker.log()
