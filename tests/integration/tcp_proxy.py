@@ -45,6 +45,7 @@ class TcpProxy:
         self._call(self._shutdown())
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(10)
+        self._loop.close()
 
     def pause(self) -> None:
         """Stop forwarding, both ways; nothing is closed and nothing is dropped."""
