@@ -49,3 +49,48 @@ def test_sigterm_past_the_grace_kills_the_group_and_gives_the_input_back(
     assert "outcome=shutdown_requeued action=nack-requeue" in worker.log()
     assert task_id in worker.log()
     queues.assert_counts(queues.in_queue, (1, 0))  # given back, waiting for the next worker
+
+
+def _children_of(pid: int) -> list[int]:
+    children = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rpartition(")")[2].split()[1]) == pid:
+                children.append(int(entry.name))
+    return children
+
+
+def _gone(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except OSError:
+        return True
+    return state == "Z"
+
+
+def test_the_fork_server_ends_quietly_when_its_worker_is_killed(
+    queues: Queues, start_worker: Any, tmp_path: Path
+) -> None:
+    worker = start_worker(TARGET, queues.env())
+
+    async def submit() -> str:
+        async with queues.client("isolated") as client:
+            return await client.submit({"mode": "sleep", "data": 1.0})
+
+    asyncio.run(submit())
+    wait_for(lambda: len(_children_of(worker.pid)) == 1, what="the fork server")
+    fork_server = _children_of(worker.pid)[0]
+    wait_for(lambda: _children_of(fork_server), what="the task's process")
+    task = _children_of(fork_server)[0]
+    # The worst moment: the task ends while the worker is stopped, so the fork server's news
+    # of it is never read, and the worker's end of their socket is reset rather than closed.
+    worker.signal(signal.SIGSTOP)
+    wait_for(lambda: _gone(task), what="the task's end")
+    worker.signal(signal.SIGKILL)
+    worker.wait()
+    wait_for(lambda: _gone(fork_server), what="the fork server's end")
+    assert "Traceback" not in worker.log()

@@ -196,3 +196,23 @@ def test_check_exits_2_when_the_budget_fails(
     monkeypatch.setenv("WORKER_TASK_TIMEOUT_S", "5000")
     assert main(["check", "examples.count_words:worker"]) == 2
     assert "must be under WORKER_CONSUMER_TIMEOUT_S" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("url", "says"),
+    [
+        ("amqp://guest:s3cret@localhost:99999/", "port out of 1..65535"),
+        ("amqp://guest:s3cret@:5672/", "names no host"),
+        ("redis://guest:s3cret@localhost/", "amqp:// or amqps://"),
+        ("amqp://guest:s3cret@a/ amqp://guest:s3cret@b/", "white space"),
+    ],
+)
+def test_run_exits_2_at_once_for_an_invalid_broker_url(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, url: str, says: str
+) -> None:
+    monkeypatch.setenv("BROKER_URL", url)
+    assert main(["run", "examples.count_words:worker"]) == 2
+    err = capsys.readouterr().err
+    assert "invalid setting BROKER_URL" in err and says in err
+    assert len(err.strip().splitlines()) == 1
+    assert "s3cret" not in err
