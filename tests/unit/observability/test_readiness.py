@@ -32,10 +32,15 @@ class Flaky(InMemoryTransport):
     def __init__(self) -> None:
         super().__init__()
         self.up = True
+        self.blocked = False
 
     @property
     def consuming(self) -> bool:
         return self.up and super().consuming
+
+    @property
+    def publishing_blocked(self) -> bool:
+        return self.blocked
 
 
 def settings(**values: object) -> WorkerSettings:
@@ -81,6 +86,12 @@ async def test_health_answers_during_startup_and_ready_names_the_broker() -> Non
         assert lost.status == 503
         assert list(lost.json()["components"]) == ["broker"]
         transport.up = True
+        assert (await request(server.port, "/ready")).status == 200
+        transport.blocked = True  # a memory alarm: reports would be held
+        blocked = await request(server.port, "/ready")
+        assert blocked.status == 503
+        assert "cannot be published" in blocked.json()["components"]["broker"]
+        transport.blocked = False
         assert (await request(server.port, "/ready")).status == 200
         runner.request_shutdown("test")
         draining = await request(server.port, "/ready")
