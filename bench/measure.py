@@ -20,10 +20,12 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shlex
 import signal
 import subprocess
 import tempfile
 import time
+import urllib.parse
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,16 +41,24 @@ REPO = Path(__file__).resolve().parents[1]
 IN_QUEUE, OUT_QUEUE = "bench_in", "bench_out"
 _DONE_LINE_BYTES = 21  # bench/peers/_done.py writes fixed-width lines
 _RSS_EARLY_TASKS = 1_000
+# The broker: the machine's, unless the environment names another one, as for the
+# integration tests (docs/brokers.md): its URL (the vhost is replaced) and its rabbitmqctl.
+BROKER_URL = os.environ.get("ATW_RABBITMQ_URL") or "amqp://guest:guest@127.0.0.1:5672/"
+RABBITMQCTL = shlex.split(os.environ.get("ATW_RABBITMQCTL") or "rabbitmqctl")
 
 
 def rabbitmqctl(*arguments: str) -> str:
-    """Run ``rabbitmqctl``; its standard output."""
+    """Run the broker's ``rabbitmqctl``; its standard output."""
     return subprocess.run(  # noqa: S603 - our own arguments
-        ["rabbitmqctl", *arguments],  # noqa: S607
+        [*RABBITMQCTL, *arguments],
         check=True,
         capture_output=True,
         text=True,
     ).stdout
+
+
+def _vhost_url(vhost: str) -> str:
+    return urllib.parse.urlsplit(BROKER_URL)._replace(path="/" + vhost).geturl()
 
 
 @dataclass
@@ -266,9 +276,10 @@ def one_run(
     """Drain ``tasks`` with ``contender`` once, in a vhost of its own; see the module's doc."""
     vhost = f"bench-{uuid.uuid4().hex[:8]}"
     rabbitmqctl("add_vhost", vhost, "--default-queue-type", queue_type)
-    rabbitmqctl("set_permissions", "-p", vhost, "guest", ".*", ".*", ".*")
+    user = urllib.parse.unquote(urllib.parse.urlsplit(BROKER_URL).username or "guest")
+    rabbitmqctl("set_permissions", "-p", vhost, user, ".*", ".*", ".*")
     try:
-        url = f"amqp://guest:guest@127.0.0.1:5672/{vhost}"
+        url = _vhost_url(vhost)
         with tempfile.TemporaryDirectory(prefix="bench-") as scratch:
             env = {
                 **os.environ,

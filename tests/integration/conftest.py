@@ -1,9 +1,18 @@
-"""Fixtures for the integration tests: the machine's RabbitMQ, vhosts, queues, worker processes.
+"""Fixtures for the integration tests: the RabbitMQ broker, vhosts, queues, worker processes.
+
+The broker is the machine's (127.0.0.1:5672, ``rabbitmqctl``) unless the environment names
+another one (docs/brokers.md; ``scripts/rabbitmq_nodes.py`` starts such nodes):
+
+- ``ATW_RABBITMQ_URL`` (default ``amqp://guest:guest@127.0.0.1:5672/``): host, port and
+  credentials of the broker; the tests append their vhosts;
+- ``ATW_RABBITMQCTL`` (default ``rabbitmqctl``): the command, shell-split, that runs that
+  broker's ``rabbitmqctl``. The session checks that it manages a broker listening on the URL's
+  port.
 
 A session vhost is created with ``--default-queue-type quorum`` and a ``delivery-limit`` policy
 above ``WORKER_DELIVERY_LIMIT`` (as the platform sets them), and deleted afterwards; each test
 gets its own queue names. Without a reachable broker the tests skip, except under ``CI=true``,
-where they fail.
+where they fail. The ``rabbitmq_version`` fixture tells tests which broker version they run on.
 """
 
 from __future__ import annotations
@@ -11,11 +20,13 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import signal
 import socket
 import subprocess
 import sys
 import time
+import urllib.parse
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -30,8 +41,28 @@ from tests.integration.sfn_fixtures import aws, ecs_agent, moto_url, sfn_worker
 __all__ = ["aws", "ecs_agent", "moto_url", "sfn_worker"]  # fixtures of the sfn tests
 
 REPO = Path(__file__).resolve().parents[2]
-BROKER_HOST, BROKER_PORT = "127.0.0.1", 5672
+DEFAULT_BROKER_URL = "amqp://guest:guest@127.0.0.1:5672/"
+BROKER_URL = os.environ.get("ATW_RABBITMQ_URL") or DEFAULT_BROKER_URL
+RABBITMQCTL = shlex.split(os.environ.get("ATW_RABBITMQCTL") or "rabbitmqctl")
+_BROKER = urllib.parse.urlsplit(BROKER_URL)
+BROKER_SCHEME = _BROKER.scheme or "amqp"
+BROKER_HOST = _BROKER.hostname or "127.0.0.1"
+BROKER_PORT = _BROKER.port or (5671 if BROKER_SCHEME == "amqps" else 5672)
+BROKER_USER = urllib.parse.unquote(_BROKER.username or "guest")
+BROKER_PASSWORD = urllib.parse.unquote(_BROKER.password or "guest")
 QUEUE_DELIVERY_LIMIT = 20
+
+
+def broker_url(vhost: str = "", *, user: str | None = None, password: str | None = None) -> str:
+    """The URL of ``vhost`` on the tests' broker (``ATW_RABBITMQ_URL``), other credentials
+    if given."""
+    credentials = ":".join(
+        urllib.parse.quote(part, safe="")
+        for part in (user or BROKER_USER, BROKER_PASSWORD if password is None else password)
+    )
+    host = f"[{BROKER_HOST}]" if ":" in BROKER_HOST else BROKER_HOST
+    path = urllib.parse.quote(vhost, safe="")
+    return f"{BROKER_SCHEME}://{credentials}@{host}:{BROKER_PORT}/{path}"
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -49,9 +80,9 @@ def _broker_reachable() -> bool:
 
 
 def rabbitmqctl(*arguments: str) -> str:
-    """Run ``rabbitmqctl`` and return its output."""
+    """Run the broker's ``rabbitmqctl`` (``ATW_RABBITMQCTL``) and return its output."""
     done = subprocess.run(
-        ["rabbitmqctl", *arguments], capture_output=True, text=True, timeout=120, check=False
+        [*RABBITMQCTL, *arguments], capture_output=True, text=True, timeout=120, check=False
     )
     if done.returncode != 0:
         raise RuntimeError(f"rabbitmqctl {' '.join(arguments)}: {done.stderr.strip()}")
@@ -59,19 +90,47 @@ def rabbitmqctl(*arguments: str) -> str:
 
 
 @pytest.fixture(scope="session")
-def broker() -> None:
-    """The machine's RabbitMQ: skip without it, fail under CI=true."""
+def broker_status() -> dict[str, Any]:
+    """``rabbitmqctl status`` of the tests' broker: skip without a broker, fail under CI=true.
+
+    Fails when ``ATW_RABBITMQCTL`` does not reach the broker, or reaches one that does not
+    listen on ``ATW_RABBITMQ_URL``'s port (the two must name the same broker).
+    """
     if not _broker_reachable():
         message = f"RabbitMQ is not reachable on {BROKER_HOST}:{BROKER_PORT}"
         if os.environ.get("CI") == "true":
             pytest.fail(f"{message} (CI=true: integration tests must run)")
         pytest.skip(message)
+    try:
+        status: dict[str, Any] = json.loads(rabbitmqctl("status", "--formatter", "json"))
+    except RuntimeError as error:
+        pytest.fail(f"{shlex.join(RABBITMQCTL)} does not reach the broker: {error}")
+    ports = {listener.get("port") for listener in status.get("listeners", [])}
+    if BROKER_PORT not in ports:
+        pytest.fail(
+            f"{shlex.join(RABBITMQCTL)} manages a broker listening on {sorted(ports)}, "
+            f"not on {BROKER_PORT} (ATW_RABBITMQ_URL and ATW_RABBITMQCTL must agree)"
+        )
+    return status
+
+
+@pytest.fixture(scope="session")
+def broker(broker_status: dict[str, Any]) -> None:
+    """The tests' RabbitMQ: skip without it, fail under CI=true."""
+
+
+@pytest.fixture(scope="session")
+def rabbitmq_version(broker_status: dict[str, Any]) -> tuple[int, ...]:
+    """The broker's version, e.g. ``(3, 10, 8)`` or ``(4, 0, 5)``, for tests whose broker
+    behaviour differs between 3.x and 4.x."""
+    version = str(broker_status["rabbitmq_version"])
+    return tuple(int(part) for part in re.findall(r"\d+", version)[:3])
 
 
 def _make_vhost(name: str, *, quorum: bool) -> None:
     arguments = ["add_vhost", name] + (["--default-queue-type", "quorum"] if quorum else [])
     rabbitmqctl(*arguments)
-    rabbitmqctl("set_permissions", "-p", name, "guest", ".*", ".*", ".*")
+    rabbitmqctl("set_permissions", "-p", name, BROKER_USER, ".*", ".*", ".*")
     if quorum:
         rabbitmqctl(
             "set_policy", "-p", name, "delivery-limit", ".*",
@@ -106,7 +165,7 @@ class Queues:
 
     @property
     def url(self) -> str:
-        return f"amqp://guest:guest@{BROKER_HOST}:{BROKER_PORT}/{self.vhost}"
+        return broker_url(self.vhost)
 
     @property
     def in_queue(self) -> str:

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from async_task_api_worker.protocol import FailureReport, decode_report
-from tests.integration.conftest import REPO, Queues
+from tests.integration.conftest import REPO, Queues, broker_url
 from tests.integration.test_run_on_rabbitmq import calls, collect
 
 
@@ -46,7 +46,7 @@ def cli(
         ("no.such.module:worker", {}, "cannot import 'no.such.module'"),
         (
             "examples.count_words:worker",
-            {"BROKER_URL": "amqp://guest:wrong@127.0.0.1:5672/"},
+            {"BROKER_URL": broker_url(password="wrong")},
             "refused",
         ),
     ],

@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from async_task_api_worker.client import build_envelope
 from async_task_api_worker.protocol.reports import decode_report
-from tests.integration.conftest import Queues, rabbitmqctl, wait_for
+from tests.integration.conftest import Queues, broker_url, rabbitmqctl, wait_for
 from tests.probes_client import get
 
 TARGET = "tests.integration.observed_workers:observed"
@@ -122,7 +122,7 @@ def test_canary_secrets_appear_in_no_log_line_report_or_metric(
 ) -> None:
     user, password = canary_user
     secret = f"CANARYin{uuid.uuid4().hex[:12]}"
-    url = queues.url.replace("guest:guest", f"{user}:{password}")
+    url = broker_url(queues.vhost, user=user, password=password)
     worker = start_worker(
         TARGET, queues.env(BROKER_URL=url, ATW_TEST_MARKERS=str(markers), LOG_LEVEL="DEBUG")
     )

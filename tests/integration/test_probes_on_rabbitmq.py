@@ -16,7 +16,13 @@ import pytest
 from async_task_api_worker.observability.probes import IO_TIMEOUT_S, MAX_CONNECTIONS
 from async_task_api_worker.runtime.hooks import shutdown_bound_s
 from async_task_api_worker.settings import load_settings
-from tests.integration.conftest import Queues, _make_vhost, rabbitmqctl, wait_for
+from tests.integration.conftest import (
+    BROKER_USER,
+    Queues,
+    _make_vhost,
+    rabbitmqctl,
+    wait_for,
+)
 from tests.probes_client import Answer, get, request
 
 TARGET = "tests.integration.observed_workers:observed"
@@ -63,11 +69,11 @@ def test_ready_follows_the_broker_connection(
     url = worker.probes_url
     wait_for(lambda: ready_is(url, 200), what="ready")
     # Cut the connection, and keep the reconnect refused while we look.
-    rabbitmqctl("clear_permissions", "-p", own_vhost.vhost, "guest")
+    rabbitmqctl("clear_permissions", "-p", own_vhost.vhost, BROKER_USER)
     rabbitmqctl("close_all_connections", "-p", own_vhost.vhost, "probes test")
     wait_for(lambda: ready_is(url, 503, "broker"), what="503 naming broker")
     assert get(url, "/health").status == 200
-    rabbitmqctl("set_permissions", "-p", own_vhost.vhost, "guest", ".*", ".*", ".*")
+    rabbitmqctl("set_permissions", "-p", own_vhost.vhost, BROKER_USER, ".*", ".*", ".*")
     wait_for(lambda: ready_is(url, 200), timeout_s=60, what="ready after the reconnect")
 
 

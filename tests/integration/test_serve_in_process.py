@@ -8,7 +8,7 @@ import pytest
 
 from async_task_api_worker.errors import BrokerRefusedError
 from examples.count_words import worker
-from tests.integration.conftest import Queues
+from tests.integration.conftest import Queues, broker_url
 from tests.integration.test_run_on_rabbitmq import collect
 
 
@@ -31,7 +31,7 @@ async def test_serve_works_in_the_callers_loop_and_drains_when_cancelled(
 async def test_serve_raises_when_the_broker_refuses(
     queues: Queues, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    env = queues.env(BROKER_URL=queues.url.replace("guest:guest", "guest:wrong"))
+    env = queues.env(BROKER_URL=broker_url(queues.vhost, password="wrong"))
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     with pytest.raises(BrokerRefusedError, match="refused the connection"):

@@ -374,7 +374,6 @@ class RabbitMQTransport:
         if delivery.handle is not None and delivery.handle.lost:
             # Its channel closed: the broker requeued it, and the next attempt will report.
             raise PublishError(f"the {report.type} report is for a delivery the broker requeued")
-        await self._publisher.wait_unblocked()  # never write into a socket the broker ignores
         channel = self._publish_channel
         properties = report.properties
         # The frame's properties are built here rather than through aio_pika.Message, whose
@@ -394,6 +393,7 @@ class RabbitMQTransport:
             with publish_errors(f"the {report.type} report"):
                 if channel is None:
                     raise ConnectionError("not connected")
+                await self._publisher.wait_unblocked()  # never into a socket the broker ignores
                 if channel.is_closed:
                     # Reopening after a reconnect or a channel error: the message has not left.
                     await channel.ready()  # type: ignore[attr-defined]
