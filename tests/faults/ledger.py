@@ -21,7 +21,7 @@ import sys
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -94,6 +94,7 @@ class Ledger:
     reports: dict[str, list[dict[str, Any]]] = field(default_factory=lambda: defaultdict(list))
     seen_ids: set[str] = field(default_factory=set)
     arrivals: list[tuple[float, str, str]] = field(default_factory=list)
+    _changed: asyncio.Event = field(default_factory=asyncio.Event)
 
     def add(self, body: bytes, message_id: str | None) -> None:
         """Record one report (a redelivered copy with the same message id counts once)."""
@@ -114,28 +115,37 @@ class Ledger:
         """The task's ``success`` and ``failure`` reports."""
         return [r for r in self.reports.get(task_id, []) if r.get("type") in ("success", "failure")]
 
+    @contextlib.asynccontextmanager
+    async def consuming(self, url: str, queue: str) -> AsyncIterator[None]:
+        """Record every report of ``queue`` (acking it) while the block runs."""
+        connection = await aio_pika.connect_robust(url)
+        async with connection:
+            channel = await connection.channel()
+            await channel.set_qos(prefetch_count=200)
+            out = await channel.declare_queue(queue, durable=True)
+
+            async def on_message(message: aio_pika.abc.AbstractIncomingMessage) -> None:
+                self.add(message.body, message.message_id)
+                await message.ack()
+                self._changed.set()
+
+            await out.consume(on_message)
+            yield
+
     async def read(
         self, url: str, queue: str, ids: Iterable[str], timeout_s: float, linger_s: float = 3.0
     ) -> None:
         """Consume ``queue`` until every id has a terminal report, then ``linger_s`` more."""
         wanted = set(ids)
-        done = asyncio.Event()
-
-        async def on_message(message: aio_pika.abc.AbstractIncomingMessage) -> None:
-            self.add(message.body, message.message_id)
-            await message.ack()
-            if all(self.terminal(task_id) for task_id in wanted):
-                done.set()
-
-        connection = await aio_pika.connect_robust(url)
-        async with connection:
-            channel = await connection.channel()
-            await channel.set_qos(prefetch_count=200)
-            out = await channel.declare_queue(queue, passive=True)
-            await out.consume(on_message)
-            if not all(self.terminal(task_id) for task_id in wanted):
+        async with self.consuming(url, queue):
+            deadline = time.monotonic() + timeout_s
+            while not all(self.terminal(task_id) for task_id in wanted):
+                self._changed.clear()
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(done.wait(), timeout_s)
+                    await asyncio.wait_for(self._changed.wait(), remaining)
             await asyncio.sleep(linger_s)
 
     def count(self, ids: list[str], markers: Path, hung: int) -> Counts:
@@ -292,3 +302,39 @@ def decisions(log: str, predicate: Callable[[dict[str, Any]], bool]) -> list[dic
         if isinstance(record, dict) and predicate(record):
             lines.append(record)
     return lines
+
+
+@dataclass
+class Case:
+    """One fault case: a vhost of its own on ``broker``, a supervised worker on
+    ``<name>_in``/``<name>_out``, its tasks, and their counts at the end."""
+
+    broker: Any
+    name: str
+    markers: Path
+    logs: Path
+    target: str = "tests.faults.workers:steady"
+    quorum: bool = True
+    env: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.vhost = self.broker.vhost(quorum=self.quorum)
+        self.url = self.broker.url(self.vhost)
+        self.in_queue, self.out_queue = f"{self.name}_in", f"{self.name}_out"
+        self.worker = Supervisor(
+            self.target, worker_env(self.url, self.name, self.markers, **self.env), self.logs
+        )
+        self.ledger = Ledger()
+
+    async def publish(
+        self, count: int, task_input: dict[str, Any], service: str = "steady"
+    ) -> list[str]:
+        """Publish ``count`` tasks to the input queue; their ids."""
+        return await publish_tasks(self.url, self.in_queue, count, task_input, service)
+
+    async def settle(self, ids: list[str], timeout_s: float = 120.0) -> Counts:
+        """Read every report of ``ids``, count them, and stop the worker (it must exit 0)."""
+        await self.ledger.read(self.url, self.out_queue, ids, timeout_s=timeout_s)
+        counts = self.ledger.count(ids, self.markers, self.broker.hung(self.vhost, self.in_queue))
+        assert self.worker.stop() == 0
+        return counts

@@ -17,7 +17,7 @@ import pytest
 from async_task_api_worker.client import build_envelope
 from scripts.rabbitmq_nodes import Node, running_cluster
 from tests.faults.conftest import CLUSTER_PORTS, Broker
-from tests.faults.ledger import Ledger, Supervisor, publish_tasks, worker_env
+from tests.faults.ledger import Case, Ledger, Supervisor, worker_env
 from tests.faults.test_pushback import ready_status
 from tests.integration.conftest import BROKER_HOST, BROKER_PORT
 from tests.integration.tcp_proxy import TcpProxy
@@ -34,14 +34,13 @@ PARTITION_S = 60.0
 async def test_a_silent_partition_is_seen_within_two_heartbeats_and_nothing_is_lost(
     machine_broker: Broker, markers: Path, tmp_path: Path, record: Any
 ) -> None:
-    vhost = machine_broker.vhost()
-    url = machine_broker.url(vhost)
+    case = Case(machine_broker, "part", markers, tmp_path)
     with TcpProxy(BROKER_HOST, BROKER_PORT) as proxy:
-        through_proxy = url.replace(f":{BROKER_PORT}/", f":{proxy.port}/")
-        env = worker_env(through_proxy, "part", markers, BROKER_HEARTBEAT_S=str(HEARTBEAT_S))
-        worker = Supervisor(TARGET, env, tmp_path)
+        through_proxy = case.url.replace(f":{BROKER_PORT}/", f":{proxy.port}/")
+        worker = case.worker
+        worker.env.update(BROKER_URL=through_proxy, BROKER_HEARTBEAT_S=str(HEARTBEAT_S))
         worker.start()
-        ids = await publish_tasks(url, "part_in", 12, {"seconds": 4.0})
+        ids = await case.publish(12, {"seconds": 4.0})
         while len(list(markers.iterdir())) < 4:  # four tasks in flight
             await asyncio.sleep(0.05)
         proxy.pause()
@@ -56,10 +55,7 @@ async def test_a_silent_partition_is_seen_within_two_heartbeats_and_nothing_is_l
                 ready_after_503.append(status)
             await asyncio.sleep(1.0)
         proxy.resume()
-        ledger = Ledger()
-        await ledger.read(url, "part_out", ids, timeout_s=90)
-        counts = ledger.count(ids, markers, machine_broker.hung(vhost, "part_in"))
-        assert worker.stop() == 0
+        counts = await case.settle(ids, timeout_s=90)
     drops = [
         datetime.fromisoformat(json.loads(line)["ts"]).timestamp() - paused_wall
         for line in worker.log().splitlines()
@@ -115,24 +111,6 @@ async def steady_stream(
             await task
 
 
-@contextlib.asynccontextmanager
-async def report_reader(url: str, queue: str) -> AsyncIterator[Ledger]:
-    """Read reports into a ledger while the block runs."""
-    ledger = Ledger()
-
-    async def on_message(message: aio_pika.abc.AbstractIncomingMessage) -> None:
-        ledger.add(message.body, message.message_id)
-        await message.ack()
-
-    connection = await aio_pika.connect_robust(url)
-    async with connection:
-        channel = await connection.channel()
-        await channel.set_qos(prefetch_count=200)
-        out = await channel.declare_queue(queue, durable=True)
-        await out.consume(on_message)
-        yield ledger
-
-
 def resumed_after(
     ledger: Ledger, published: list[tuple[float, str]], since: float, stopped: float
 ) -> float:
@@ -180,8 +158,9 @@ async def test_a_stopped_cluster_node_costs_seconds_with_two_urls(
         env = worker_env(f"{first.url(vhost)},{second_url}", "ha", markers)
         worker = Supervisor(TARGET, env, tmp_path)
         worker.start()
+        ledger = Ledger()
         async with (
-            report_reader(second_url, "ha_out") as ledger,
+            ledger.consuming(second_url, "ha_out"),
             steady_stream(second_url, "ha_in", 0.05) as published,
         ):
             await wait_resumed(ledger, published, time.monotonic())
@@ -200,10 +179,8 @@ async def test_a_stopped_cluster_node_costs_seconds_with_two_urls(
             worker_from_stop = await wait_resumed(ledger, published, stopping)
             await asyncio.sleep(2)
         ids = [task_id for _, task_id in published]
-        final = Ledger()
-        final.reports, final.seen_ids, final.arrivals = ledger.reports, ledger.seen_ids, []
-        await final.read(second_url, "ha_out", ids, timeout_s=60)
-        counts = final.count(ids, markers, Broker("", node=second).hung(vhost, "ha_in"))
+        await ledger.read(second_url, "ha_out", ids, timeout_s=60)
+        counts = ledger.count(ids, markers, Broker("", node=second).hung(vhost, "ha_in"))
         assert worker.stop() == 0
         record(
             counts.row(

@@ -18,9 +18,8 @@ from typing import Any
 import pytest
 
 from tests.faults.conftest import Broker
-from tests.faults.ledger import Ledger, Supervisor, decisions, publish_tasks, worker_env
+from tests.faults.ledger import Case, decisions
 
-TARGET = "tests.faults.workers:steady"
 #: Longer than the worker's delivery limit (3) x WORKER_RETRY_BACKOFF_MAX_S (2 s): the outage
 #: that used to abandon tasks.
 OUTAGE_S = 15.0
@@ -56,21 +55,16 @@ async def test_reports_refused_by_a_full_output_queue_are_held_not_lost(
     node_any: Broker, markers: Path, tmp_path: Path, record: Any
 ) -> None:
     broker = node_any
-    vhost = broker.vhost()
-    url = broker.url(vhost)
-    worker = Supervisor(TARGET, worker_env(url, "full", markers), tmp_path)
-    worker.start()
-    await fill_output_queue(broker, vhost, "full_out")
-    ids = await publish_tasks(url, "full_in", 12, {"seconds": 0.2})
-    worker.wait_for("was not confirmed by the broker")
+    case = Case(broker, "full", markers, tmp_path)
+    case.worker.start()
+    await fill_output_queue(broker, case.vhost, case.out_queue)
+    ids = await case.publish(12, {"seconds": 0.2})
+    case.worker.wait_for("was not confirmed by the broker")
     await asyncio.sleep(OUTAGE_S)
-    broker.ctl("clear_policy", "-p", vhost, "full")
+    broker.ctl("clear_policy", "-p", case.vhost, "full")
     freed = time.monotonic()
-    ledger = Ledger()
-    await ledger.read(url, "full_out", ids, timeout_s=60)
-    last = max(at for at, _, kind in ledger.arrivals if kind in ("success", "failure"))
-    counts = ledger.count(ids, markers, broker.hung(vhost, "full_in"))
-    assert worker.stop() == 0
+    counts = await case.settle(ids, timeout_s=60)
+    last = max(at for at, _, kind in case.ledger.arrivals if kind in ("success", "failure"))
     record(
         counts.row(
             "output queue full (reject-publish) for 15 s, then freed",
@@ -92,26 +86,21 @@ async def test_a_memory_alarm_blocks_reports_which_are_held_then_published(
 ) -> None:
     broker = node_310
     assert broker.node is not None
-    vhost = broker.vhost()
-    url = broker.url(vhost)
-    worker = Supervisor(TARGET, worker_env(url, "alarm", markers), tmp_path)
-    worker.start()
-    ids = await publish_tasks(url, "alarm_in", 12, {"seconds": 1.0})
-    worker.wait_for("outcome=success")
+    case = Case(broker, "alarm", markers, tmp_path)
+    case.worker.start()
+    ids = await case.publish(12, {"seconds": 1.0})
+    case.worker.wait_for("outcome=success")
     broker.node.set_memory_alarm(True)
     alarmed = time.monotonic()
     status, body = 200, {}
     while time.monotonic() - alarmed < OUTAGE_S:
-        status, body = ready_status(worker.probes)
+        status, body = ready_status(case.worker.probes)
         if status == 503:
             break
         await asyncio.sleep(0.5)
     await asyncio.sleep(max(0.0, OUTAGE_S - (time.monotonic() - alarmed)))
     broker.node.set_memory_alarm(False)
-    ledger = Ledger()
-    await ledger.read(url, "alarm_out", ids, timeout_s=60)
-    counts = ledger.count(ids, markers, broker.hung(vhost, "alarm_in"))
-    assert worker.stop() == 0
+    counts = await case.settle(ids, timeout_s=60)
     record(
         counts.row(
             "memory alarm for 15 s, then cleared",
@@ -131,27 +120,21 @@ async def test_a_memory_alarm_blocks_reports_which_are_held_then_published(
 async def test_a_report_over_the_brokers_size_limit_is_one_result_too_large(
     node_310: Broker, markers: Path, tmp_path: Path, record: Any
 ) -> None:
-    broker = node_310
-    vhost = broker.vhost()
-    url = broker.url(vhost)
-    worker = Supervisor(TARGET, worker_env(url, "big", markers), tmp_path)
-    worker.start()
-    ids = await publish_tasks(url, "big_in", 3, {"size": 2_000_000})
-    ledger = Ledger()
-    await ledger.read(url, "big_out", ids, timeout_s=60)
-    counts = ledger.count(ids, markers, broker.hung(vhost, "big_in"))
-    assert worker.stop() == 0
+    case = Case(node_310, "big", markers, tmp_path)
+    case.worker.start()
+    ids = await case.publish(3, {"size": 2_000_000})
+    counts = await case.settle(ids, timeout_s=60)
     record(
         counts.row(
             "a 2 MB result, broker max_message_size 1 MiB",
-            broker=broker.label,
+            broker=node_310.label,
             measured="one RESULT_TOO_LARGE each, handler run once",
         )
     )
     assert counts.lost == [] and counts.hung == 0
     assert counts.codes == {"RESULT_TOO_LARGE": 3}
     assert counts.handler_runs == 3
-    assert "channel closed 5 times" not in worker.log()
+    assert "channel closed 5 times" not in case.worker.log()
 
 
 CONSUMER_TIMEOUT = {
@@ -166,29 +149,21 @@ async def test_a_report_held_past_the_consumer_timeout_is_given_back_in_time(
     node_310: Broker, markers: Path, tmp_path: Path, record: Any
 ) -> None:
     broker = node_310
-    vhost = broker.vhost()
-    url = broker.url(vhost)
-    env = worker_env(
-        url,
-        "held",
-        markers,
-        WORKER_CONSUMER_TIMEOUT_S="20",
-        WORKER_CONSUMER_TIMEOUT_CHECK_INTERVAL_S="2",
-        WORKER_RETRY_BACKOFF_MAX_S="1",
-        WORKER_TASK_TIMEOUT_S="5",
-        WORKER_DELIVERY_LIMIT="5",
-    )
-    worker = Supervisor(TARGET, env, tmp_path)
-    worker.start()
-    await fill_output_queue(broker, vhost, "held_out")
-    ids = await publish_tasks(url, "held_in", 4, {"seconds": 0.2})
-    worker.wait_for("reason=report_held_until_consumer_timeout", timeout_s=60, count=4)
-    broker.ctl("clear_policy", "-p", vhost, "full")
-    ledger = Ledger()
-    await ledger.read(url, "held_out", ids, timeout_s=60)
-    counts = ledger.count(ids, markers, broker.hung(vhost, "held_in"))
-    assert worker.stop() == 0
-    log = worker.log()
+    env = {
+        "WORKER_CONSUMER_TIMEOUT_S": "20",
+        "WORKER_CONSUMER_TIMEOUT_CHECK_INTERVAL_S": "2",
+        "WORKER_RETRY_BACKOFF_MAX_S": "1",
+        "WORKER_TASK_TIMEOUT_S": "5",
+        "WORKER_DELIVERY_LIMIT": "5",
+    }
+    case = Case(broker, "held", markers, tmp_path, env=env)
+    case.worker.start()
+    await fill_output_queue(broker, case.vhost, case.out_queue)
+    ids = await case.publish(4, {"seconds": 0.2})
+    case.worker.wait_for("reason=report_held_until_consumer_timeout", timeout_s=60, count=4)
+    broker.ctl("clear_policy", "-p", case.vhost, "full")
+    counts = await case.settle(ids, timeout_s=60)
+    log = case.worker.log()
     gave_back = decisions(log, lambda r: r.get("outcome") == "publish_failed")
     record(
         counts.row(

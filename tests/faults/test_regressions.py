@@ -12,9 +12,7 @@ import aio_pika
 import pytest
 
 from tests.faults.conftest import Broker
-from tests.faults.ledger import Ledger, Supervisor, publish_tasks, worker_env
-
-TARGET = "tests.faults.workers:steady"
+from tests.faults.ledger import Case
 
 
 async def until_markers(markers: Path, count: int) -> None:
@@ -27,18 +25,13 @@ async def until_markers(markers: Path, count: int) -> None:
 async def test_kill_9_mid_run_three_times(
     machine_broker: Broker, markers: Path, tmp_path: Path, record: Any
 ) -> None:
-    vhost = machine_broker.vhost()
-    url = machine_broker.url(vhost)
-    worker = Supervisor(TARGET, worker_env(url, "kill", markers), tmp_path)
-    worker.start()
-    ids = await publish_tasks(url, "kill_in", 20, {"seconds": 1.0})
+    case = Case(machine_broker, "kill", markers, tmp_path)
+    case.worker.start()
+    ids = await case.publish(20, {"seconds": 1.0})
     for calls in (4, 10, 16):
         await until_markers(markers, calls)
-        worker.kill9()
-    ledger = Ledger()
-    await ledger.read(url, "kill_out", ids, timeout_s=120)
-    counts = ledger.count(ids, markers, machine_broker.hung(vhost, "kill_in"))
-    assert worker.stop() == 0
+        case.worker.kill9()
+    counts = await case.settle(ids)
     record(counts.row("kill -9 of the worker mid-run, 3 times", broker=machine_broker.label))
     assert counts.lost == [] and counts.hung == 0 and counts.double_conclusions == []
     # Only a success confirmed and not yet acked when its worker died can be reported twice.
@@ -50,17 +43,12 @@ async def test_a_broker_restart_mid_run(
     node_310: Broker, markers: Path, tmp_path: Path, record: Any
 ) -> None:
     assert node_310.node is not None
-    vhost = node_310.vhost()
-    url = node_310.url(vhost)
-    worker = Supervisor(TARGET, worker_env(url, "restart", markers), tmp_path)
-    worker.start()
-    ids = await publish_tasks(url, "restart_in", 20, {"seconds": 1.0})
+    case = Case(node_310, "restart", markers, tmp_path)
+    case.worker.start()
+    ids = await case.publish(20, {"seconds": 1.0})
     await until_markers(markers, 6)
     node_310.node.restart()
-    ledger = Ledger()
-    await ledger.read(url, "restart_out", ids, timeout_s=120)
-    counts = ledger.count(ids, markers, node_310.hung(vhost, "restart_in"))
-    assert worker.stop() == 0
+    counts = await case.settle(ids)
     record(counts.row("broker restart mid-run", broker=node_310.label))
     assert counts.lost == [] and counts.hung == 0 and counts.double_conclusions == []
     assert len(counts.duplicate_successes) <= 4
@@ -70,18 +58,13 @@ async def test_a_broker_restart_mid_run(
 async def test_forced_disconnects_mid_run(
     machine_broker: Broker, markers: Path, tmp_path: Path, record: Any
 ) -> None:
-    vhost = machine_broker.vhost()
-    url = machine_broker.url(vhost)
-    worker = Supervisor(TARGET, worker_env(url, "forced", markers), tmp_path)
-    worker.start()
-    ids = await publish_tasks(url, "forced_in", 20, {"seconds": 1.0})
+    case = Case(machine_broker, "forced", markers, tmp_path)
+    case.worker.start()
+    ids = await case.publish(20, {"seconds": 1.0})
     for calls in (4, 12):
         await until_markers(markers, calls)
-        machine_broker.ctl("close_all_connections", "-p", vhost, "fault suite")
-    ledger = Ledger()
-    await ledger.read(url, "forced_out", ids, timeout_s=120)
-    counts = ledger.count(ids, markers, machine_broker.hung(vhost, "forced_in"))
-    assert worker.stop() == 0
+        machine_broker.ctl("close_all_connections", "-p", case.vhost, "fault suite")
+    counts = await case.settle(ids)
     record(
         counts.row("forced disconnect (close_all_connections), twice", broker=machine_broker.label)
     )
@@ -93,20 +76,14 @@ async def test_forced_disconnects_mid_run(
 async def test_sigterm_under_load_then_a_new_worker(
     machine_broker: Broker, markers: Path, tmp_path: Path, record: Any
 ) -> None:
-    vhost = machine_broker.vhost()
-    url = machine_broker.url(vhost)
-    env = worker_env(url, "term", markers, WORKER_SHUTDOWN_GRACE_S="1")
-    worker = Supervisor(TARGET, env, tmp_path)
-    worker.start()
-    ids = await publish_tasks(url, "term_in", 20, {"seconds": 3.0})
+    case = Case(machine_broker, "term", markers, tmp_path, env={"WORKER_SHUTDOWN_GRACE_S": "1"})
+    case.worker.start()
+    ids = await case.publish(20, {"seconds": 3.0})
     await until_markers(markers, 4)
-    worker.current.send_signal(signal.SIGTERM)
-    exit_code = worker.current.wait(60)
-    worker.keep_running()  # the supervisor starts the next one
-    ledger = Ledger()
-    await ledger.read(url, "term_out", ids, timeout_s=120)
-    counts = ledger.count(ids, markers, machine_broker.hung(vhost, "term_in"))
-    assert worker.stop() == 0
+    case.worker.current.send_signal(signal.SIGTERM)
+    exit_code = case.worker.current.wait(60)
+    case.worker.keep_running()  # the supervisor starts the next one
+    counts = await case.settle(ids)
     record(
         counts.row(
             "SIGTERM with 4 tasks in flight, grace 1 s",
@@ -123,11 +100,9 @@ async def test_sigterm_under_load_then_a_new_worker(
 async def test_malformed_bodies_are_reported_or_dead_lettered_and_the_rest_runs(
     machine_broker: Broker, markers: Path, tmp_path: Path, record: Any
 ) -> None:
-    vhost = machine_broker.vhost()
-    url = machine_broker.url(vhost)
-    worker = Supervisor(TARGET, worker_env(url, "bad", markers), tmp_path)
-    worker.start()
-    connection = await aio_pika.connect(url)
+    case = Case(machine_broker, "bad", markers, tmp_path)
+    case.worker.start()
+    connection = await aio_pika.connect(case.url)
     async with connection:
         channel = await connection.channel(publisher_confirms=True)
         bad_ids = [f"bad-{n}" for n in range(5)]
@@ -139,12 +114,10 @@ async def test_malformed_bodies_are_reported_or_dead_lettered_and_the_rest_runs(
         ]
         for body in bodies:
             await channel.default_exchange.publish(aio_pika.Message(body), routing_key="bad_in")
-    ids = await publish_tasks(url, "bad_in", 10, {"seconds": 0.1})
-    ledger = Ledger()
-    await ledger.read(url, "bad_out", ids + bad_ids, timeout_s=60)
-    counts = ledger.count(ids + bad_ids, markers, machine_broker.hung(vhost, "bad_in"))
-    assert worker.current.poll() is None  # never crashed
-    assert worker.stop() == 0
+    ids = await case.publish(10, {"seconds": 0.1})
+    assert case.worker.current.poll() is None  # never crashed
+    counts = await case.settle(ids + bad_ids, timeout_s=60)
+    assert case.worker.restarts == 0
     record(
         counts.row(
             "10 malformed bodies (5 without a task id) among 10 tasks",
@@ -160,9 +133,10 @@ async def test_malformed_bodies_are_reported_or_dead_lettered_and_the_rest_runs(
 async def test_a_quorum_queue_with_a_delivery_limit_argument_counts_attempts(
     machine_broker: Broker, markers: Path, tmp_path: Path, record: Any
 ) -> None:
-    vhost = machine_broker.vhost(quorum=False)
-    url = machine_broker.url(vhost)
-    connection = await aio_pika.connect(url)
+    case = Case(
+        machine_broker, "limit", markers, tmp_path, "tests.faults.workers:crashy", quorum=False
+    )
+    connection = await aio_pika.connect(case.url)
     async with connection:
         channel = await connection.channel()
         await channel.declare_queue(
@@ -170,16 +144,12 @@ async def test_a_quorum_queue_with_a_delivery_limit_argument_counts_attempts(
             durable=True,
             arguments={"x-queue-type": "quorum", "x-delivery-limit": 10},
         )
-    worker = Supervisor("tests.faults.workers:crashy", worker_env(url, "limit", markers), tmp_path)
-    worker.start()
-    ids = await publish_tasks(url, "limit_in", 1, {"seconds": 600}, service="crashy")
+    case.worker.start()
+    ids = await case.publish(1, {"seconds": 600}, service="crashy")
     for calls in (1, 2):
         await until_markers(markers, calls)
-        worker.kill9()
-    ledger = Ledger()
-    await ledger.read(url, "limit_out", ids, timeout_s=60)
-    counts = ledger.count(ids, markers, machine_broker.hung(vhost, "limit_in"))
-    assert worker.stop() == 0
+        case.worker.kill9()
+    counts = await case.settle(ids, timeout_s=60)
     attempts = sorted(int(marker.name.split(".")[1]) for marker in markers.iterdir())
     record(
         counts.row(
@@ -190,4 +160,4 @@ async def test_a_quorum_queue_with_a_delivery_limit_argument_counts_attempts(
     )
     assert attempts == [1, 2, 3]
     assert counts.codes == {"success": 1} and counts.lost == []
-    assert "is not a quorum queue" not in worker.log()
+    assert "is not a quorum queue" not in case.worker.log()

@@ -7,12 +7,11 @@ so that the suite can count how often each task's handler ran.
 from __future__ import annotations
 
 import asyncio
-import os
-from pathlib import Path
 
 from pydantic import BaseModel
 
 from async_task_api_worker import TaskContext, Worker
+from tests.integration.workers import _mark
 
 
 class Input(BaseModel):
@@ -27,11 +26,6 @@ class Output(BaseModel):
 
     attempt: int
     text: str = ""
-
-
-def _mark(ctx: TaskContext) -> None:
-    folder = Path(os.environ["ATW_TEST_MARKERS"])
-    (folder / f"{ctx.task_id}.{ctx.attempt}.{os.getpid()}").touch()
 
 
 steady = Worker("steady")
