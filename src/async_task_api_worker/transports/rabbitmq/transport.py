@@ -1,4 +1,4 @@
-"""The RabbitMQ transport: aio-pika consume/settle with publisher confirms.
+"""The RabbitMQ transport: consume and settle deliveries; reports go through ``ReportPublisher``.
 
 This package is the only place that imports aio-pika; every exception it raises is translated
 into the SDK's own in ``_errors``.
@@ -27,18 +27,15 @@ import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any, Final
 
-import aio_pika
 import aiormq
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractQueue
 
 from async_task_api_worker.errors import (
     BrokerRefusedError,
     BrokerUnavailableError,
-    MessageTooLargeError,
     PublishError,
     SettleError,
     TransportError,
@@ -47,22 +44,16 @@ from async_task_api_worker.ports import Delivery
 from async_task_api_worker.protocol.reports import EncodedReport
 from async_task_api_worker.transports.rabbitmq._errors import (
     is_refusal,
-    publish_errors,
     refused,
     settle_errors,
-    size_limit_of,
 )
 from async_task_api_worker.transports.rabbitmq.link import BrokerLink
+from async_task_api_worker.transports.rabbitmq.reports import ReportPublisher
 from async_task_api_worker.transports.rabbitmq.topology import declare_queue, queue_type
 
 __all__ = ["RabbitMQTransport"]
 
 _logger = logging.getLogger("async_task_api_worker.transports.rabbitmq")
-
-#: Reports refused in a row (``basic.nack``) before the next goes out on a fresh channel, and
-#: before it goes out on a fresh connection.
-REFUSALS_PER_CHANNEL: Final = 3
-REFUSALS_PER_CONNECTION: Final = 9
 
 #: The consume channel may close this many times within :data:`CHANNEL_FAILURE_WINDOW_S`
 #: before the transport gives up (a broker that keeps closing it will not get better).
@@ -156,8 +147,8 @@ class RabbitMQTransport:
         }
         self._consumer = BrokerLink(urls, name=f"{service} worker", **link)  # type: ignore[arg-type]
         self._publisher = BrokerLink(urls, name=f"{service} worker reports", **link)  # type: ignore[arg-type]
+        self._reports = ReportPublisher(self._publisher, out_queue)
         self._consume_channel: AbstractChannel | None = None
-        self._publish_channel: AbstractChannel | None = None
         self._in_queue: AbstractQueue | None = None
         self._count_known = True
         self._inbox: asyncio.Queue[Delivery | _GaveUp | None] = asyncio.Queue()
@@ -166,8 +157,6 @@ class RabbitMQTransport:
         self._stopping = False
         self._channel_failures: list[float] = []
         self._channel_open = True
-        self._refusals = 0
-        self._fresh_channel: asyncio.Future[None] | None = None
 
     # ------------------------------------------------------------------ connecting
 
@@ -203,7 +192,7 @@ class RabbitMQTransport:
         The broker blocks the connection (``connection.blocked``: a memory or disk alarm), or
         it is not known to be alive.
         """
-        return self._publisher.blocked or not self._publisher.alive
+        return self._reports.blocked
 
     async def connect(self) -> None:
         """Connect, open the channels, declare both queues and learn the input queue's type.
@@ -220,8 +209,7 @@ class RabbitMQTransport:
             self._in_queue = await declare_queue(consume, self._in_queue_name)
             await declare_queue(consume, self._out_queue_name)
             self._count_known = await queue_type(connection, self._in_queue_name) == "quorum"
-            publisher = await self._publisher.open()
-            publish = await publisher.channel(publisher_confirms=True, on_return_raises=True)
+            await self._reports.open()
         except BrokerRefusedError:
             await self.close()
             raise
@@ -230,7 +218,7 @@ class RabbitMQTransport:
             if is_refusal(exc) or "ACCESS_REFUSED" in str(exc):
                 raise refused(exc, self._consumer.url_for_logs) from exc
             raise TransportError(f"could not set up the queues: {type(exc).__name__}") from exc
-        self._consume_channel, self._publish_channel = consume, publish
+        self._consume_channel = consume
         consume.close_callbacks.add(self._on_consume_channel_closed)
         consume.reopen_callbacks.add(self._on_consume_channel_reopened)
         if not self._count_known:
@@ -358,98 +346,17 @@ class RabbitMQTransport:
     async def publish(self, delivery: Delivery, report: EncodedReport) -> None:
         """Publish ``report`` to the output queue and wait for the broker's confirm.
 
-        The publish is mandatory: a report the broker cannot route (the output queue was
-        deleted) is a failure, not a silent drop. It waits, without a time limit of its own,
-        while the broker blocks the connection and for a confirm that is merely late: only the
-        caller (the engine's hold) stops the wait, by cancelling it. Refused again and again
-        (``basic.nack``: a full queue with ``reject-publish``), the channel is replaced
-        (RabbitMQ 3.10 kept nacking a quorum queue's publishes on the same channel after the
-        queue had room again) and then the connection.
+        See :meth:`ReportPublisher.publish`; the caller (the engine's hold) bounds the wait.
 
         Raises:
-            MessageTooLargeError: the broker refused the report for its size
-                (``max_message_size``); publishing it again cannot help.
-            PublishError: the broker did not confirm it (nack, return, lost channel).
+            MessageTooLargeError: the broker refused the report for its size.
+            PublishError: the broker did not confirm it (nack, return, lost channel), or the
+                delivery's channel closed (the broker requeued it).
         """
         if delivery.handle is not None and delivery.handle.lost:
             # Its channel closed: the broker requeued it, and the next attempt will report.
             raise PublishError(f"the {report.type} report is for a delivery the broker requeued")
-        channel = self._publish_channel
-        properties = report.properties
-        # The frame's properties are built here rather than through aio_pika.Message, whose
-        # checked attribute setting cost about 8 % of the worker's CPU per task (the default
-        # exchange's publish is what Exchange.publish does, with the same confirm and return).
-        amqp_properties = aiormq.spec.Basic.Properties(
-            content_type=properties.content_type,
-            content_encoding=properties.content_encoding,
-            delivery_mode=aio_pika.DeliveryMode.PERSISTENT.value,
-            message_id=properties.message_id,
-            correlation_id=properties.correlation_id,
-            message_type=properties.type,
-            timestamp=datetime.fromtimestamp(properties.timestamp_s, UTC),
-            app_id=properties.app_id,
-        )
-        try:
-            with publish_errors(f"the {report.type} report"):
-                if channel is None:
-                    raise ConnectionError("not connected")
-                await self._publisher.wait_unblocked()  # never into a socket the broker ignores
-                if channel.is_closed:
-                    # Reopening after a reconnect or a channel error: the message has not left.
-                    await channel.ready()  # type: ignore[attr-defined]
-                underlay = await channel.get_underlay_channel()
-                await underlay.basic_publish(
-                    report.body,
-                    exchange="",
-                    routing_key=self._out_queue_name,
-                    properties=amqp_properties,
-                    mandatory=True,
-                )
-        except PublishError as exc:
-            cause = exc.__cause__
-            limit = size_limit_of(cause)
-            if limit is not None and len(report.body) > limit:
-                raise MessageTooLargeError(str(cause)) from cause
-            if isinstance(cause, aiormq.exceptions.PublishError) and channel is not None:
-                # Returned as unroutable: the output queue is gone. Declare it again so
-                # that the engine's next try can succeed.
-                with contextlib.suppress(Exception):
-                    await channel.declare_queue(self._out_queue_name, durable=True)
-            if isinstance(cause, aiormq.exceptions.DeliveryError):
-                self._refused()
-            raise
-        self._refusals = 0
-
-    def _refused(self) -> None:
-        """Count a ``basic.nack``; replace the channel, then the connection, when they pile up."""
-        self._refusals += 1
-        if self._refusals % REFUSALS_PER_CONNECTION == 0:
-            _logger.warning(
-                "The broker refused %d reports in a row; publishing on a fresh connection",
-                self._refusals,
-            )
-            self._publisher.drop()
-        elif self._refusals % REFUSALS_PER_CHANNEL == 0 and self._fresh_channel is None:
-            _logger.warning(
-                "The broker refused %d reports in a row; publishing on a fresh channel",
-                self._refusals,
-            )
-            self._fresh_channel = asyncio.ensure_future(self._replace_publish_channel())
-
-    async def _replace_publish_channel(self) -> None:
-        try:
-            old = self._publish_channel
-            fresh = await self._publisher.connection.channel(
-                publisher_confirms=True, on_return_raises=True
-            )
-            self._publish_channel = fresh
-            if old is not None:
-                with contextlib.suppress(Exception):
-                    await asyncio.wait_for(old.close(), timeout=5.0)
-        except Exception as exc:  # the next refusals try again
-            _logger.warning("Could not open a fresh report channel (%s)", type(exc).__name__)
-        finally:
-            self._fresh_channel = None
+        await self._reports.publish(report)
 
     async def _settle(
         self,
