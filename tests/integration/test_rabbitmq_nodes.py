@@ -1,0 +1,121 @@
+"""scripts/rabbitmq_nodes.py: nodes of the tests' own, a 3.10 cluster, a 4.0 node in its root.
+
+Each test has ports of its own (AMQP 5781-5786, distribution 25781-25786, the 4.0 node's epmd
+4372), so that they run next to each other and next to nodes started for a whole test run
+(``.ci/run``'s 4.0 node: 5771, epmd 4370) or by the fault suite (58xx, epmd 4371). Every node is
+stopped and its files deleted afterwards, also when the test fails (``running_node``,
+``running_cluster``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+from pathlib import Path
+
+import aio_pika
+import aiormq.exceptions
+import pytest
+
+from scripts.rabbitmq_nodes import (
+    HOST_BIN,
+    Node,
+    NodeError,
+    NodeSpec,
+    default_root,
+    root_ready,
+    running_cluster,
+    running_node,
+)
+
+MAX_MESSAGE_SIZE = 1024 * 1024
+
+
+def _needed(ready: bool, message: str) -> None:
+    if not ready:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{message} (CI=true: integration tests must run)")
+        pytest.skip(message)
+
+
+@pytest.fixture(autouse=True)
+def tooling() -> None:
+    """Nodes need root (chroot, mount, the shared cookie) and the machine's RabbitMQ 3.10."""
+    _needed(os.geteuid() == 0, "starting RabbitMQ nodes needs root")
+    _needed((HOST_BIN / "rabbitmq-server").exists(), f"no {HOST_BIN / 'rabbitmq-server'}")
+
+
+@pytest.mark.timeout(120)
+async def test_a_message_above_max_message_size_closes_the_channel(tmp_path: Path) -> None:
+    spec = NodeSpec(
+        name="atw-t5781", port=5781, base_dir=tmp_path / "node",
+        conf={"max_message_size": str(MAX_MESSAGE_SIZE)},
+    )  # fmt: skip
+    with running_node(spec) as node:
+        assert node.url("a/b") == "amqp://guest:guest@127.0.0.1:5781/a%2Fb"
+        connection = await aio_pika.connect(node.url())
+        async with connection:
+            channel = await connection.channel(publisher_confirms=True)
+            queue = await channel.declare_queue("sized", durable=True)
+            fits = aio_pika.Message(b"x" * MAX_MESSAGE_SIZE)
+            await channel.default_exchange.publish(fits, routing_key=queue.name)
+            too_big = aio_pika.Message(b"x" * (MAX_MESSAGE_SIZE + 1))
+            with pytest.raises(aiormq.exceptions.ChannelPreconditionFailed) as closed:
+                await channel.default_exchange.publish(too_big, routing_key=queue.name)
+            assert "PRECONDITION_FAILED" in str(closed.value)
+            assert "larger than configured max size" in str(closed.value)
+        listed = json.loads(node.ctl("list_queues", "name", "messages", "--formatter", "json"))
+        assert listed == [{"name": "sized", "messages": 1}]
+    assert not node.running
+    assert not node.base_dir.exists()
+
+
+@pytest.mark.timeout(240)
+async def test_a_three_node_cluster_runs_and_stops(tmp_path: Path) -> None:
+    members = [("atw-t5782", 5782), ("atw-t5783", 5783), ("atw-t5784", 5784)]
+    with running_cluster(members, base_dir=tmp_path) as nodes:
+        names = sorted(node.nodename for node in nodes)
+        for node in nodes:
+            status = json.loads(node.ctl("cluster_status", "--formatter", "json"))
+            assert sorted(status["running_nodes"]) == names
+        connection = await aio_pika.connect(nodes[1].url())
+        async with connection:
+            channel = await connection.channel()
+            await channel.declare_queue(
+                "replicated", durable=True, arguments={"x-queue-type": "quorum"}
+            )
+        assert nodes[2].leader_of("replicated") in names
+    assert not any(node.running for node in nodes)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.timeout(120)
+def test_a_node_that_cannot_boot_raises_with_its_log_and_leaves_nothing(tmp_path: Path) -> None:
+    spec = NodeSpec(
+        name="atw-t5786", port=5786, base_dir=tmp_path / "node", conf={"no_such_setting": "1"}
+    )
+    with pytest.raises(NodeError, match="exited while starting") as failed, running_node(spec):
+        pytest.fail("the node started")
+    assert "no_such_setting" in str(failed.value)
+    assert not Node(spec).running
+    assert not (tmp_path / "node").exists()
+
+
+@pytest.mark.timeout(120)
+def test_a_4_0_node_runs_in_the_debian_13_root() -> None:
+    root = default_root()
+    _needed(root_ready(root), f"no RabbitMQ 4.0 root at {root} (scripts/rabbitmq_nodes.py root)")
+    spec = NodeSpec(name="atw-t5785", port=5785, version="4.0", epmd_port=4372)
+    with running_node(spec) as node:
+        assert re.fullmatch(r"4\.0\.\d+", node.server_version())
+        # ATW_RABBITMQCTL is the command joined for a shell; split again, it still works.
+        command = shlex.split(shlex.join(node.ctl_command()))
+        done = subprocess.run(
+            [*command, "eval", "node()."], capture_output=True, text=True, timeout=60, check=True
+        )
+        assert done.stdout.strip() == "'atw-t5785@localhost'"
+    assert not node.running
+    assert not node.base_dir.exists()
