@@ -48,6 +48,8 @@ PUBLISH_RETRY_FIRST_S: Final = 0.1
 PUBLISH_RETRY_MAX_S: Final = 5.0
 #: How long a ``progress`` report (best-effort, never retried) waits for its confirm, in seconds.
 PROGRESS_CONFIRM_WAIT_S: Final = 30.0
+#: While a report is held, its refusals are logged at most once per this many seconds.
+HOLD_LOG_EVERY_S: Final = 60.0
 
 _logger = logging.getLogger("async_task_api_worker.engine")
 
@@ -162,6 +164,7 @@ class DeliveryReporter:
         if progress:
             give_up_at = min(give_up_at, self.monotonic() + PROGRESS_CONFIRM_WAIT_S)
         delay_s = PUBLISH_RETRY_FIRST_S
+        refusals, logged_at = 0, 0.0
         while True:
             why = self._stopped()
             if why is None and self.monotonic() >= give_up_at:
@@ -192,14 +195,22 @@ class DeliveryReporter:
                 ) from exc
             except PublishError as exc:
                 self.notify(PublishFailed(report.type))
-                retry = not progress and self.monotonic() + delay_s < give_up_at
-                _logger.warning(
-                    "The %s report was not confirmed by the broker (%s)%s",
-                    report.type,
-                    exception_type_name(exc.__cause__ or exc),
-                    f"; retrying in {delay_s:g} s" if retry else "",
-                    extra=self._log_extra(),
-                )
+                refusals += 1
+                now = self.monotonic()
+                retry = not progress and now + delay_s < give_up_at
+                if refusals == 1 or not retry or now - logged_at >= HOLD_LOG_EVERY_S:
+                    # A hold may last the consumer timeout: one line a minute, not one a try.
+                    logged_at = now
+                    _logger.warning(
+                        "The %s report was not confirmed by the broker (%s)%s",
+                        report.type,
+                        exception_type_name(exc.__cause__ or exc),
+                        f"; holding the delivery and retrying (try {refusals}, up to "
+                        f"{max(0.0, give_up_at - now):.0f} s more)"
+                        if retry
+                        else "",
+                        extra=self._log_extra(),
+                    )
                 if not retry:
                     if not progress:
                         self.gave_up = self._stopped() or GiveUp.HOLD_EXPIRED
