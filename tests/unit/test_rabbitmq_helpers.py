@@ -7,6 +7,8 @@ import socket
 from decimal import Decimal
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from async_task_api_worker.errors import BrokerUnavailableError
 from async_task_api_worker.observability.redaction import redact_url
@@ -127,3 +129,25 @@ def test_the_argument_the_broker_names_is_read_from_its_reply(
 def test_each_url_asks_for_the_heartbeat_unless_it_names_its_own() -> None:
     assert with_heartbeat("amqp://u:p@h:5672/v", 15) == "amqp://u:p@h:5672/v?heartbeat=15"
     assert with_heartbeat("amqp://u:p@h/v?heartbeat=5", 15) == "amqp://u:p@h/v?heartbeat=5"
+
+
+@given(
+    argument=st.from_regex(r"x-[a-z-]{1,20}", fullmatch=True),
+    value=st.one_of(st.integers(0, 10**9), st.from_regex(r"[a-z0-9_.-]{1,20}", fullmatch=True)),
+    queue=st.text(alphabet=st.characters(blacklist_characters="'\n"), max_size=30),
+)
+def test_an_inequivalent_argument_reply_is_read_back_whatever_the_names(
+    argument: str, value: int | str, queue: str
+) -> None:
+    kind = "long" if isinstance(value, int) else "longstr"
+    reply = (
+        f"PRECONDITION_FAILED - inequivalent arg '{argument}' for queue '{queue}' in vhost 'v': "
+        f"received none but current is the value '{value}' of type '{kind}'"
+    )
+    assert inequivalent_argument(reply) == (argument, value)
+
+
+@given(st.text())
+def test_any_reply_is_read_without_raising(reply: str) -> None:
+    named = inequivalent_argument(reply)
+    assert named is None or isinstance(named[0], str)
