@@ -223,7 +223,8 @@ def load_settings(
         first = exc.errors(include_url=False, include_input=False)[0]
         name = ".".join(str(part) for part in first["loc"]).upper() or "settings"
         more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
-        raise SettingsError(f"invalid setting {name}: {first['msg']}{more}") from None
+        rule = first["msg"].removeprefix("Value error, ")
+        raise SettingsError(f"invalid setting {name}: {rule}{more}") from None
 
 
 def split_broker_urls(value: str) -> tuple[str, ...]:
@@ -242,6 +243,8 @@ def split_broker_urls(value: str) -> tuple[str, ...]:
     urls = tuple(part.strip() for part in value.split(","))
     for position, url in enumerate(urls, start=1):
         which = f"URL {position} of {len(urls)}" if len(urls) > 1 else "the URL"
+        if not url:
+            raise ValueError(f"{which} is empty (a comma too many?)")
         try:
             parts = urlsplit(url)
             port = parts.port

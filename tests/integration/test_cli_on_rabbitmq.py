@@ -47,10 +47,15 @@ def cli(
         (
             "examples.count_words:worker",
             {"BROKER_URL": broker_url(password="wrong")},
-            "refused",
+            "refused the credentials",
+        ),
+        (
+            "examples.count_words:worker",
+            {"BROKER_URL": broker_url("no-such-vhost")},
+            "would not open the vhost",
         ),
     ],
-    ids=["bad-setting", "budget", "definition", "attribute", "module", "credentials"],
+    ids=["bad-setting", "budget", "definition", "attribute", "module", "credentials", "vhost"],
 )
 def test_configuration_errors_exit_2_with_one_line(
     queues: Queues, target: str, overrides: dict[str, str], expected: str

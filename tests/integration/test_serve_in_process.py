@@ -34,5 +34,5 @@ async def test_serve_raises_when_the_broker_refuses(
     env = queues.env(BROKER_URL=broker_url(queues.vhost, password="wrong"))
     for name, value in env.items():
         monkeypatch.setenv(name, value)
-    with pytest.raises(BrokerRefusedError, match="refused the connection"):
+    with pytest.raises(BrokerRefusedError, match="refused the credentials"):
         await worker.serve()

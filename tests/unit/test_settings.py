@@ -150,7 +150,7 @@ def test_the_budget_uses_the_override_when_it_fits() -> None:
     assert check_time_budget(settings, 5000.0) == 10.0
 
 
-@pytest.mark.parametrize("url", ["http://u:pw@h/", "localhost:5672", ""])
+@pytest.mark.parametrize("url", ["http://u:pw@h/", "localhost:5672"])
 def test_the_broker_url_must_be_amqp(url: str) -> None:
     with pytest.raises(SettingsError, match=r"invalid setting BROKER_URL: .*amqp://") as error:
         load_settings({"broker_url": url}, read_environment=False)
@@ -174,7 +174,8 @@ def test_an_amqps_url_is_accepted() -> None:
         ("amqp:///vhost", "names no host"),
         ("http://u:pw@h/", "amqp:// or amqps://"),
         ("amqp://u:pw@a:5672/ amqp://u:pw@b:5672/", "white space"),
-        ("amqp://u:pw@a:5672/,", "URL 2 of 2 must be an amqp://"),
+        ("amqp://u:pw@a:5672/,", "URL 2 of 2 is empty"),
+        ("", "the URL is empty"),
         ("amqp://u:pw@a:5672/,amqp://u:pw@b:70000/", "URL 2 of 2 has a port out of"),
     ],
 )
@@ -183,6 +184,7 @@ def test_an_invalid_broker_url_is_a_one_line_settings_error(url: str, rule: str)
         load_settings({"broker_url": url}, read_environment=False)
     message = str(error.value)
     assert rule in message
+    assert "Value error" not in message  # pydantic's wording stays out
     assert "pw" not in message and "\n" not in message
 
 

@@ -48,6 +48,8 @@ PUBLISH_RETRY_FIRST_S: Final = 0.1
 PUBLISH_RETRY_MAX_S: Final = 5.0
 #: How long a ``progress`` report (best-effort, never retried) waits for its confirm, in seconds.
 PROGRESS_CONFIRM_WAIT_S: Final = 30.0
+#: The last try of a held report starts at least this long before the hold ends, in seconds.
+LAST_TRY_MARGIN_S: Final = 0.5
 #: While a report is held, its refusals are logged at most once per this many seconds.
 HOLD_LOG_EVERY_S: Final = 60.0
 
@@ -197,7 +199,9 @@ class DeliveryReporter:
                 self.notify(PublishFailed(report.type))
                 refusals += 1
                 now = self.monotonic()
-                retry = not progress and now + delay_s < give_up_at
+                # The last wait is cut short, so that the hold runs to its end.
+                wait_s = min(delay_s, give_up_at - now - LAST_TRY_MARGIN_S)
+                retry = not progress and wait_s >= 0
                 if refusals == 1 or not retry or now - logged_at >= HOLD_LOG_EVERY_S:
                     # A hold may last the consumer timeout: one line a minute, not one a try.
                     logged_at = now
@@ -215,9 +219,7 @@ class DeliveryReporter:
                     if not progress:
                         self.gave_up = self._stopped() or GiveUp.HOLD_EXPIRED
                     return False
-                await _until(
-                    asyncio.sleep(delay_s), delay_s, self.delivery.cancel_token, self.abort
-                )
+                await _until(asyncio.sleep(wait_s), wait_s, self.delivery.cancel_token, self.abort)
                 delay_s = min(delay_s * 2, PUBLISH_RETRY_MAX_S)
                 continue
             if not confirmed:  # the wait ran out, or was stopped, before the confirm

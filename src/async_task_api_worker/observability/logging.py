@@ -221,16 +221,23 @@ class _JsonLinesHandler(logging.StreamHandler):  # type: ignore[type-arg]
 
 
 class _DowngradeToWarning(logging.Filter):
-    """Logs ``aio_pika.tools`` errors as warnings.
+    """Logs the broker client's errors as warnings, without tracebacks.
 
-    aio-pika logs a connection loss as two ERROR lines from callbacks that failed on the
-    closing channel; the connection then recovers by itself, so they are warnings.
+    aio-pika and aiormq log a connection loss, a failed reconnect attempt and a callback that
+    failed on the closing channel as ERROR lines, some with a traceback; the connection then
+    recovers by itself (and the SDK says what happened to the deliveries), so they are
+    warnings, and the exception's type is enough.
     """
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.levelno > logging.WARNING:
             record.levelno = logging.WARNING
             record.levelname = logging.getLevelName(logging.WARNING)
+        if record.exc_info and record.exc_info[1] is not None:
+            record.msg = f"{record.getMessage()} ({type(record.exc_info[1]).__name__})"
+            record.args = None
+            record.exc_info = None
+            record.exc_text = None
         return True
 
 
@@ -251,9 +258,10 @@ def configure_logging(level: str, *, stream: IO[str] | None = None) -> bool:
     # The broker client narrates every reconnect at INFO; the SDK says what matters itself.
     for chatty in ("aio_pika", "aiormq"):
         logging.getLogger(chatty).setLevel(max(logging.WARNING, logging.getLevelName(level)))
-    tools = logging.getLogger("aio_pika.tools")
-    if not any(isinstance(known, _DowngradeToWarning) for known in tools.filters):
-        tools.addFilter(_DowngradeToWarning())
+    for noisy in ("aio_pika.tools", "aio_pika.robust_connection", "aiormq.connection"):
+        client = logging.getLogger(noisy)
+        if not any(isinstance(known, _DowngradeToWarning) for known in client.filters):
+            client.addFilter(_DowngradeToWarning())
     handler = _JsonLinesHandler(stream or sys.stdout)
     handler.setFormatter(JsonFormatter())
     handler.addFilter(TaskContextFilter())

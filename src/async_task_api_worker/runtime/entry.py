@@ -106,6 +106,7 @@ async def _run(runner: Runner) -> ExitCode:
     )
     async with serving_probes(runner) as probes:
         code = await _run_observed(runner)
+    _logger.info("Worker stopped (exit code %d)", code)
     if probes.readiness.stuck_probes:
         # asyncio would wait for them forever on the way out, past the shutdown bound.
         _logger.error(

@@ -63,10 +63,14 @@ def size_limit_of(exc: BaseException | None) -> int | None:
 
 def refused(exc: BaseException, url_for_logs: str) -> BrokerRefusedError:
     """The error to raise for a refusal, naming the broker without its password."""
-    return BrokerRefusedError(
-        f"the broker at {url_for_logs} refused the connection ({type(exc).__name__}): "
-        "check the credentials and the vhost in BROKER_URL"
-    )
+    if isinstance(exc, aiormq.exceptions.InvalidFrameError):
+        why = (
+            "would not open the vhost: it does not exist, or the user has no permissions on it "
+            "(rabbitmqctl set_permissions -p VHOST USER '.*' '.*' '.*')"
+        )
+    else:
+        why = "refused the credentials: check the user and password in BROKER_URL"
+    return BrokerRefusedError(f"the broker at {url_for_logs} {why} ({type(exc).__name__})")
 
 
 @contextmanager

@@ -200,17 +200,34 @@ class BrokerLink:
         self._watchdog = asyncio.ensure_future(self._watch())
 
     def _on_close(self, _sender: object, exc: BaseException | None) -> None:
-        if self._closing or len(self._urls) == 1:
+        if self._closing:
             return
-        # The next attempt goes to the next node: the one we lost may be the one that is down.
-        self._next_url()
+        lost = self.url_for_logs
+        if len(self._urls) > 1:
+            # The next attempt goes to the next node: the one we lost may be the one that is down.
+            self._next_url(log=False)
+        _logger.warning(
+            "The connection to %s (%s) closed (%s); reconnecting to %s",
+            lost,
+            self._name,
+            type(exc).__name__ if exc else "closed",
+            self.url_for_logs,
+        )
 
-    def _next_url(self) -> None:
+    def _next_url(self, *, log: bool = True) -> None:
         self._index = (self._index + 1) % len(self._urls)
         connection = self._connection
         if connection is not None:
             # aio-pika reads its URL on each attempt (Connection.connect).
             connection.url = URL(self._urls[self._index])  # type: ignore[attr-defined]
+        if log:
+            _logger.warning(
+                "Still not connected (%s); trying %s (URL %d of %d) next",
+                self._name,
+                self.url_for_logs,
+                self._index + 1,
+                len(self._urls),
+            )
 
     def _on_reconnect(self, _sender: object) -> None:
         _logger.info("Reconnected to %s (%s)", self.url_for_logs, self._name)
