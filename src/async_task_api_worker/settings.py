@@ -249,7 +249,10 @@ def split_broker_urls(value: str) -> tuple[str, ...]:
             parts = urlsplit(url)
             port = parts.port
         except ValueError:
-            raise ValueError(f"{which} has a port out of 1..65535 or does not parse") from None
+            raise ValueError(
+                f"{which} has a port out of 1..65535 or does not parse (a comma, @, : or / in "
+                "a user name or password must be percent-encoded)"
+            ) from None
         if any(character.isspace() for character in url):
             raise ValueError(f"{which} holds white space (separate several URLs with commas)")
         if parts.scheme not in _AMQP_PORTS:

@@ -204,3 +204,56 @@ def _node_named(nodes: list[Node], name: str) -> Node:
         if node.nodename == name:
             return node
     raise LookupError(name)
+
+
+@pytest.mark.timeout(120)
+async def test_a_urls_own_heartbeat_is_the_one_the_watchdog_keeps(
+    machine_broker: Broker, markers: Path, tmp_path: Path, record: Any
+) -> None:
+    # The broker sends nothing on an idle connection without heartbeats: a watchdog that
+    # expected BROKER_HEARTBEAT_S would drop it, and withdraw the task, every 4 s.
+    case = Case(machine_broker, "hb0", markers, tmp_path)
+    case.worker.env.update(BROKER_URL=f"{case.url}?heartbeat=0", BROKER_HEARTBEAT_S="2")
+    case.worker.start()
+    ids = await case.publish(2, {"seconds": 10.0})
+    counts = await case.settle(ids, timeout_s=60)
+    record(
+        counts.row(
+            "?heartbeat=0 in BROKER_URL, BROKER_HEARTBEAT_S=2, tasks of 10 s",
+            broker=machine_broker.label,
+            measured="no connection dropped",
+        )
+    )
+    assert counts.codes == {"success": 2} and counts.handler_runs == 2
+    assert "No frame from the broker" not in case.worker.log()
+
+
+@pytest.mark.timeout(300)
+async def test_a_partition_during_a_memory_alarm_loses_nothing(
+    node_310: Broker, markers: Path, tmp_path: Path, record: Any
+) -> None:
+    assert node_310.node is not None
+    case = Case(node_310, "alarmpart", markers, tmp_path)
+    with TcpProxy("127.0.0.1", node_310.node.port) as proxy:
+        through_proxy = case.url.replace(f":{node_310.node.port}/", f":{proxy.port}/")
+        case.worker.env.update(BROKER_URL=through_proxy, BROKER_HEARTBEAT_S=str(HEARTBEAT_S))
+        case.worker.start()
+        ids = await case.publish(12, {"seconds": 1.5})
+        case.worker.wait_for("outcome=success")
+        node_310.node.set_memory_alarm(True)
+        case.worker.wait_for("was blocked by")
+        proxy.pause()
+        case.worker.wait_for("No frame from the broker", timeout_s=DETECTION_BOUND_S + 5)
+        await asyncio.sleep(5)
+        proxy.resume()
+        node_310.node.set_memory_alarm(False)
+        counts = await case.settle(ids, timeout_s=90)
+    record(
+        counts.row(
+            "memory alarm, then a partition of the blocked connections",
+            broker=node_310.label,
+        )
+    )
+    assert counts.lost == [] and counts.hung == 0 and counts.double_conclusions == []
+    assert len(counts.duplicate_successes) <= 4  # only acks lost with the connection
+    assert counts.codes == {"success": 12}

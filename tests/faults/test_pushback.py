@@ -177,3 +177,37 @@ async def test_a_report_held_past_the_consumer_timeout_is_given_back_in_time(
     assert all(r["reason"] == "report_held_until_consumer_timeout" for r in gave_back)
     assert "delivery acknowledgement on channel" not in log  # the broker never timed one out
     assert "The consume channel closed" not in log
+
+
+@pytest.mark.timeout(300)
+async def test_the_reports_connection_closed_during_an_alarm_comes_back(
+    node_310: Broker, markers: Path, tmp_path: Path, record: Any
+) -> None:
+    broker = node_310
+    assert broker.node is not None
+    case = Case(broker, "alarmclose", markers, tmp_path)
+    case.worker.start()
+    ids = await case.publish(12, {"seconds": 1.5})
+    case.worker.wait_for("outcome=success")
+    broker.node.set_memory_alarm(True)
+    case.worker.wait_for("was blocked by")
+    # The broker closes the blocked reports connection; it stops reading that socket, so the
+    # closing handshake can never finish.
+    connections = broker.ctl("list_connections", "-q", "pid", "vhost", "client_properties")
+    for line in connections.splitlines():
+        if case.vhost in line and "worker reports" in line:
+            broker.ctl("close_connection", line.split()[0], "fault suite")
+    await asyncio.sleep(5.0)
+    broker.node.set_memory_alarm(False)
+    cleared = time.monotonic()
+    counts = await case.settle(ids, timeout_s=90)
+    last = max(at for at, _, kind in case.ledger.arrivals if kind in ("success", "failure"))
+    record(
+        counts.row(
+            "memory alarm, and the blocked reports connection closed by the broker",
+            broker=broker.label,
+            measured=f"all reported {last - cleared:.1f} s after the alarm cleared",
+        )
+    )
+    assert counts.lost == [] and counts.duplicate_successes == [] and counts.hung == 0
+    assert counts.codes == {"success": 12}

@@ -15,9 +15,9 @@ module adds what a worker that must never lose a result also needs from it:
   alarm is on (``connection.blocked``); it then stops reading that connection's socket.
   :attr:`blocked` says so, and :meth:`wait_unblocked` waits for ``connection.unblocked``.
 
-aiormq keeps the time of the last frame and the blocked state in private attributes; they are
-read here alone (:func:`_last_frame_time`, :func:`_is_blocked`), and a missing one disables only
-the check that needs it.
+aiormq keeps the time of the last frame, the blocked state and the socket in private places;
+they are read here alone (:func:`_last_frame_time`, :func:`_is_blocked`, :func:`_stream_writer`,
+:func:`_release_blocked`), and a missing one disables only what needs it.
 """
 
 from __future__ import annotations
@@ -43,6 +43,8 @@ _logger = logging.getLogger("async_task_api_worker.transports.rabbitmq")
 #: How long one connection attempt to one URL may take, in seconds: a node behind a dead
 #: network must not hold up the others.
 ATTEMPT_TIMEOUT_S: Final = 10.0
+#: How often a wait for an unblocked connection looks again at which connection is current.
+RECHECK_S: Final = 0.5
 #: The longest wait between two rounds of attempts over every URL, in seconds.
 MAX_BACKOFF_S: Final = 30.0
 
@@ -88,6 +90,7 @@ class BrokerLink:
         self._watchdog: asyncio.Task[None] | None = None
         self._closing = False
         self._closings: set[asyncio.Future[Any]] = set()
+        self._dropped: object = None
 
     @property
     def url_for_logs(self) -> str:
@@ -120,13 +123,24 @@ class BrokerLink:
             return None
         return asyncio.get_running_loop().time() - last
 
+    def heartbeat_s(self) -> float:
+        """The heartbeat in force, in seconds (0: none).
+
+        The one asked for, which a URL's own ``?heartbeat=`` replaces (aiormq sends its own
+        value in ``Connection.TuneOk``).
+        """
+        value = getattr(self._underlay(), "heartbeat_timeout", None)
+        if isinstance(value, int | float) and not isinstance(value, bool) and value >= 0:
+            return float(value)
+        return self._heartbeat_s
+
     @property
     def alive(self) -> bool:
-        """Connected, and a frame arrived within the last heartbeat."""
+        """Connected, and a frame arrived within the last heartbeat (when there is one)."""
         if not self.connected:
             return False
-        silence = self.silence_s()
-        return silence is None or silence <= self._heartbeat_s
+        silence, heartbeat_s = self.silence_s(), self.heartbeat_s()
+        return silence is None or heartbeat_s == 0 or silence <= heartbeat_s
 
     @property
     def blocked(self) -> bool:
@@ -134,15 +148,21 @@ class BrokerLink:
         return self.connected and _is_blocked(self._underlay())
 
     async def wait_unblocked(self) -> None:
-        """Wait until the connection is up and not blocked (cancel to stop waiting)."""
+        """Wait until the connection is up and not blocked (cancel to stop waiting).
+
+        It looks again at least every :data:`RECHECK_S`: a connection that closed while
+        blocked stays blocked for good, and the wait must move on to its successor.
+        """
         while True:
             underlay = self._underlay()
-            if underlay is not None and self.connected:
-                await underlay.ready()  # connected and not blocked (aiormq's own events)
-                if self.connected and not _is_blocked(self._underlay()):
-                    return
-            else:
-                await self.connection.connected.wait()
+            if underlay is None or not self.connected:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.connection.connected.wait(), RECHECK_S)
+                continue
+            if not _is_blocked(underlay):
+                return
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(underlay.ready(), RECHECK_S)  # aiormq: unblocked
 
     async def open(self) -> AbstractRobustConnection:
         """Connect to the first URL that answers, trying them in turn with a backoff.
@@ -202,6 +222,14 @@ class BrokerLink:
     def _on_close(self, _sender: object, exc: BaseException | None) -> None:
         if self._closing:
             return
+        # A connection that closed while the broker blocked it (an alarm) stays "blocked" for
+        # good: aio-pika's channel recovery, which races the reconnect, then waits on it for
+        # ever (Channel._open awaits its ready()) holding the lock the reconnect needs. Mark it
+        # unblocked, so that the recovery fails at once on the closed connection, and drop its
+        # socket, so that its closing handshake cannot hang either.
+        underlay = self._underlay()
+        _release_blocked(underlay)
+        _abort_socket(underlay)
         lost = self.url_for_logs
         if len(self._urls) > 1:
             # The next attempt goes to the next node: the one we lost may be the one that is down.
@@ -248,14 +276,16 @@ class BrokerLink:
                     down_since = now
                 continue
             down_since = None
-            silence = self.silence_s()
-            if silence is not None and silence > 2 * self._heartbeat_s:
+            silence, heartbeat_s = self.silence_s(), self.heartbeat_s()
+            if self._underlay() is self._dropped:
+                continue  # dropped already, and still closing
+            if silence is not None and heartbeat_s > 0 and silence > 2 * heartbeat_s:
                 _logger.warning(
                     "No frame from the broker at %s for %.1f s (heartbeat %g s): the "
                     "connection is taken for dead and dropped (%s)",
                     self.url_for_logs,
                     silence,
-                    self._heartbeat_s,
+                    heartbeat_s,
                     self._name,
                 )
                 self.drop()
@@ -269,11 +299,16 @@ class BrokerLink:
         underlay = self._underlay()
         if underlay is None:
             return
+        self._dropped = underlay
+        _release_blocked(underlay)
         reader = getattr(underlay, "_reader_task", None)
         if isinstance(reader, asyncio.Task) and not reader.done():
             # aiormq's own way out of a stuck connection: the writer then does not wait for a
             # Close-Ok that cannot come.
             reader.cancel()
+        # A broker that stopped reading the socket (an alarm blocks the connection) never
+        # completes a closing handshake, and aiormq's close waits for it: the socket goes now.
+        _abort_socket(underlay)
         # A reader ended by a cancel alone leaves the connection open for a while (aiormq
         # closes it with the CancelledError, which its close skips): close it with a reason.
         closing = asyncio.ensure_future(underlay.close(ConnectionError("dropped")))
@@ -294,6 +329,30 @@ class BrokerLink:
         connection = self._connection
         transport = getattr(connection, "transport", None)
         return getattr(transport, "connection", None)
+
+
+def _release_blocked(underlay: Any) -> None:
+    """Wake whatever waits for ``underlay`` (a closed connection) to be unblocked."""
+    unblocked = getattr(underlay, "_Connection__connection_unblocked", None)
+    if isinstance(unblocked, asyncio.Event):
+        unblocked.set()
+
+
+def _abort_socket(underlay: Any) -> None:
+    """Close ``underlay``'s socket at once (no flush, no handshake), if it has one."""
+    writer = _stream_writer(underlay)
+    if writer is not None:
+        writer.transport.abort()
+
+
+def _stream_writer(underlay: Any) -> asyncio.StreamWriter | None:
+    """The socket's writer, which aiormq keeps only in its writer task's frame."""
+    task = getattr(underlay, "_writer_task", None)
+    if not isinstance(task, asyncio.Task) or task.done():
+        return None
+    frame = getattr(task.get_coro(), "cr_frame", None)
+    writer = frame.f_locals.get("writer") if frame is not None else None
+    return writer if isinstance(writer, asyncio.StreamWriter) else None
 
 
 def _last_frame_time(underlay: Any) -> float | None:
