@@ -72,6 +72,15 @@ class Counts:
     codes: dict[str, int]
     attempts: dict[str, list[int]]
 
+    def assert_intact(self, *, duplicates_at_most: int = 0) -> None:
+        """Nothing lost, nothing hung, no task concluded two ways; and at most
+        ``duplicates_at_most`` duplicate successes (the ack-lost-after-the-confirm window:
+        never more than the tasks in flight when a worker or a connection died)."""
+        assert self.lost == [], f"lost: {self.lost}"
+        assert self.hung == 0, f"{self.hung} left in the input queue"
+        assert self.double_conclusions == [], f"two conclusions: {self.double_conclusions}"
+        assert len(self.duplicate_successes) <= duplicates_at_most, self.duplicate_successes
+
     def row(self, case: str, **extra: object) -> dict[str, object]:
         """The case's row of the fault table."""
         return {

@@ -72,8 +72,7 @@ async def test_reports_refused_by_a_full_output_queue_are_held_not_lost(
             measured=f"all reported {last - freed:.1f} s after; every report from attempt 1",
         )
     )
-    assert counts.lost == [] and counts.duplicate_successes == [] and counts.hung == 0
-    assert counts.double_conclusions == []
+    counts.assert_intact()
     assert counts.codes == {"success": 12}
     # Held, never given back: no task needed a second attempt.
     assert all(attempts == [1] for attempts in counts.attempts.values())
@@ -110,7 +109,7 @@ async def test_a_memory_alarm_blocks_reports_which_are_held_then_published(
     )
     assert status == 503, body
     assert "broker" in json.dumps(body)
-    assert counts.lost == [] and counts.duplicate_successes == [] and counts.hung == 0
+    counts.assert_intact()
     assert counts.codes == {"success": 12}
     assert all(attempts == [1] for attempts in counts.attempts.values())
 
@@ -131,7 +130,7 @@ async def test_a_report_over_the_brokers_size_limit_is_one_result_too_large(
             measured="one RESULT_TOO_LARGE each, handler run once",
         )
     )
-    assert counts.lost == [] and counts.hung == 0
+    counts.assert_intact()
     assert counts.codes == {"RESULT_TOO_LARGE": 3}
     assert counts.handler_runs == 3
     assert "channel closed 5 times" not in case.worker.log()
@@ -172,7 +171,7 @@ async def test_a_report_held_past_the_consumer_timeout_is_given_back_in_time(
             measured=f"{len(gave_back)} give-backs at the hold's end, no consumer timeout",
         )
     )
-    assert counts.lost == [] and counts.duplicate_successes == [] and counts.hung == 0
+    counts.assert_intact()
     assert counts.codes == {"success": 4}
     assert all(r["reason"] == "report_held_until_consumer_timeout" for r in gave_back)
     assert "delivery acknowledgement on channel" not in log  # the broker never timed one out
@@ -209,5 +208,5 @@ async def test_the_reports_connection_closed_during_an_alarm_comes_back(
             measured=f"all reported {last - cleared:.1f} s after the alarm cleared",
         )
     )
-    assert counts.lost == [] and counts.duplicate_successes == [] and counts.hung == 0
+    counts.assert_intact()
     assert counts.codes == {"success": 12}
