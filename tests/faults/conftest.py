@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 
 from scripts.rabbitmq_nodes import Node, NodeSpec, build_root, default_root, root_ready
+from tests.faults.ledger import Supervisor
 from tests.integration.conftest import BROKER_USER, broker_url, rabbitmqctl
 
 ROWS: list[dict[str, object]] = []
@@ -68,6 +69,15 @@ def table(rows: list[dict[str, object]]) -> list[str]:
             f"| {row['handler_runs']} | {codes} | {row.get('measured', '')} |"
         )
     return lines
+
+
+@pytest.fixture(autouse=True)
+def no_worker_left_behind() -> Iterator[None]:
+    """A case that fails half-way leaves no worker process running."""
+    yield
+    for supervisor in Supervisor.live:
+        supervisor.kill_all()
+    Supervisor.live.clear()
 
 
 @pytest.fixture

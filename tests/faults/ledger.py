@@ -24,7 +24,7 @@ from collections import defaultdict
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import aio_pika
 
@@ -222,7 +222,11 @@ class Supervisor:
         logs: the folder the workers' output goes to (one file per process).
     """
 
+    #: Every supervisor of the running case, so that a failed case leaves no worker behind.
+    live: ClassVar[list[Supervisor]] = []
+
     def __init__(self, target: str, env: dict[str, str], logs: Path) -> None:
+        Supervisor.live.append(self)
         self.target = target
         self.env = env
         self.logs = logs
@@ -285,6 +289,14 @@ class Supervisor:
         if self.current.poll() is not None and not self._stopping:
             self.restarts += 1
             self.start()
+
+    def kill_all(self) -> None:
+        """SIGKILL every process this supervisor started that still runs."""
+        self._stopping = True
+        for process in self.processes:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
 
     def stop(self) -> int | None:
         """SIGTERM the current worker and wait for it; its exit code."""
