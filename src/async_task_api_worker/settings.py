@@ -18,6 +18,7 @@ from async_task_api_worker.errors import SettingsError, TimeBudgetError
 from async_task_api_worker.protocol.encoding import MAX_REPORT_BYTES
 
 __all__ = [
+    "SILENT_HEARTBEATS_TO_DEAD",
     "EventLoopKind",
     "LogLevel",
     "WorkerMode",
@@ -27,6 +28,10 @@ __all__ = [
     "load_settings",
     "split_broker_urls",
 ]
+
+#: A broker connection silent for this many heartbeats is taken for dead (and one silent for a
+#: whole heartbeat is not ready); RabbitMQ sends a frame at least every half heartbeat.
+SILENT_HEARTBEATS_TO_DEAD: Final = 2
 
 #: The schemes ``BROKER_URL`` accepts, and their default ports.
 _AMQP_PORTS: Final = {"amqp": 5672, "amqps": 5671}

@@ -15,6 +15,7 @@ import aio_pika
 import pytest
 
 from async_task_api_worker.client import build_envelope
+from async_task_api_worker.settings import SILENT_HEARTBEATS_TO_DEAD
 from scripts.rabbitmq_nodes import Node, running_cluster
 from tests.faults.conftest import CLUSTER_PORTS, Broker
 from tests.faults.ledger import Case, Ledger, Supervisor, worker_env
@@ -26,7 +27,7 @@ TARGET = "tests.faults.workers:steady"
 HEARTBEAT_S = 5
 #: The watchdog looks every min(1, heartbeat / 4) s and drops a connection silent for two
 #: heartbeats (transports/rabbitmq/link.py); one more second for the scheduler.
-DETECTION_BOUND_S = 2 * HEARTBEAT_S + min(1.0, HEARTBEAT_S / 4) + 1.0
+DETECTION_BOUND_S = SILENT_HEARTBEATS_TO_DEAD * HEARTBEAT_S + min(1.0, HEARTBEAT_S / 4) + 1.0
 PARTITION_S = 60.0
 
 

@@ -28,7 +28,7 @@ from async_task_api_worker.definition import HandlerKind, Worker
 from async_task_api_worker.engine.decision import log_decision
 from async_task_api_worker.engine.execution import Raised, Returned, Stopped, StopSignal, execute
 from async_task_api_worker.engine.progress import ProgressThrottle
-from async_task_api_worker.engine.reporting import DeliveryReporter, GiveUp
+from async_task_api_worker.engine.reporting import DeliveryReporter, GiveUp, until
 from async_task_api_worker.errors import (
     EnvelopeDecodeError,
     IsolatedTaskError,
@@ -395,21 +395,8 @@ class Engine:
 
     async def _backoff(self, attempt: int, error: RetryableError, stop: StopSignal) -> None:
         delay_s = retry_backoff_s(attempt, error, self._settings, self._jitter())
-        if delay_s <= 0 or stop.draining.cancelled:
-            return
-        woken = asyncio.get_running_loop().create_future()
-
-        def wake() -> None:
-            if not woken.done():
-                woken.set_result(None)
-
-        remove = stop.draining.add_callback(wake)
-        try:
-            await asyncio.wait_for(woken, timeout=delay_s)
-        except TimeoutError:
-            pass
-        finally:
-            remove()
+        if delay_s > 0:
+            await until(asyncio.sleep(delay_s), delay_s, stop.draining)  # a drain cuts it short
 
     async def _poison(self, run: DeliveryReporter, exc: EnvelopeDecodeError) -> _Verdict:
         run.task_id, run.client_id = exc.task_id, exc.client_id

@@ -40,6 +40,7 @@ __all__ = [
     "PUBLISH_RETRY_MAX_S",
     "DeliveryReporter",
     "GiveUp",
+    "until",
 ]
 
 #: The first wait before publishing an unconfirmed report again, in seconds; it doubles.
@@ -182,7 +183,7 @@ class DeliveryReporter:
                     )
                 return False
             try:
-                confirmed = await _until(
+                confirmed = await until(
                     self.transport.publish(self.delivery, encoded),
                     give_up_at - self.monotonic(),
                     self.delivery.cancel_token,
@@ -199,27 +200,27 @@ class DeliveryReporter:
                 self.notify(PublishFailed(report.type))
                 refusals += 1
                 now = self.monotonic()
-                # The last wait is cut short, so that the hold runs to its end.
-                wait_s = min(delay_s, give_up_at - now - LAST_TRY_MARGIN_S)
-                retry = not progress and wait_s >= 0
-                if refusals == 1 or not retry or now - logged_at >= HOLD_LOG_EVERY_S:
+                if progress or refusals == 1 or now - logged_at >= HOLD_LOG_EVERY_S:
                     # A hold may last the consumer timeout: one line a minute, not one a try.
                     logged_at = now
                     _logger.warning(
                         "The %s report was not confirmed by the broker (%s)%s",
                         report.type,
                         exception_type_name(exc.__cause__ or exc),
-                        f"; holding the delivery and retrying (try {refusals}, up to "
-                        f"{max(0.0, give_up_at - now):.0f} s more)"
-                        if retry
-                        else "",
+                        ""
+                        if progress
+                        else f"; holding the delivery and retrying (try {refusals}, up to "
+                        f"{max(0.0, give_up_at - now):.0f} s more)",
                         extra=self._log_extra(),
                     )
-                if not retry:
-                    if not progress:
-                        self.gave_up = self._stopped() or GiveUp.HOLD_EXPIRED
+                if progress:
                     return False
-                await _until(asyncio.sleep(wait_s), wait_s, self.delivery.cancel_token, self.abort)
+                # The last wait is cut short, so that the last try runs at the hold's end; when
+                # no try fits any more, the wait runs out the hold and the loop gives up above.
+                wait_s = min(delay_s, give_up_at - now - LAST_TRY_MARGIN_S)
+                if wait_s < 0:
+                    wait_s = give_up_at - now
+                await until(asyncio.sleep(wait_s), wait_s, self.delivery.cancel_token, self.abort)
                 delay_s = min(delay_s * 2, PUBLISH_RETRY_MAX_S)
                 continue
             if not confirmed:  # the wait ran out, or was stopped, before the confirm
@@ -232,7 +233,7 @@ class DeliveryReporter:
         return task_log_extra({"task_id": self.task_id, "attempt": self.attempt})
 
 
-async def _until(work: Awaitable[None], limit_s: float, *tokens: CancelToken | None) -> bool:
+async def until(work: Awaitable[None], limit_s: float, *tokens: CancelToken | None) -> bool:
     """Await ``work`` for at most ``limit_s`` seconds, or until a token is cancelled.
 
     Returns:

@@ -13,7 +13,7 @@ from async_task_api_worker.runtime.entry import prepare
 from async_task_api_worker.runtime.exit_codes import ExitCode
 from async_task_api_worker.runtime.hooks import shutdown_bound_s
 from async_task_api_worker.runtime.loops import loop_factory
-from async_task_api_worker.settings import describe_time_budget
+from async_task_api_worker.settings import SILENT_HEARTBEATS_TO_DEAD, describe_time_budget
 
 __all__ = ["check_command"]
 
@@ -49,7 +49,7 @@ def check_command(target: str) -> int:
     print(
         f"broker: {len(urls)} URL{'s' if len(urls) > 1 else ''}, heartbeat "
         f"{settings.broker_heartbeat_s} s (a connection silent for "
-        f"{2 * settings.broker_heartbeat_s} s is taken for dead)"
+        f"{SILENT_HEARTBEATS_TO_DEAD * settings.broker_heartbeat_s} s is taken for dead)"
     )
     print(
         f"shutdown bound: {bound_s:g} s after SIGTERM (max(grace {grace:g} s, 5) + 5 s nacks + "

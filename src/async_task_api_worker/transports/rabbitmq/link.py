@@ -34,6 +34,7 @@ from yarl import URL
 
 from async_task_api_worker.errors import BrokerUnavailableError
 from async_task_api_worker.observability.redaction import redact_url
+from async_task_api_worker.settings import SILENT_HEARTBEATS_TO_DEAD
 from async_task_api_worker.transports.rabbitmq._errors import is_refusal, refused
 
 __all__ = ["ATTEMPT_TIMEOUT_S", "BrokerLink"]
@@ -279,7 +280,8 @@ class BrokerLink:
             silence, heartbeat_s = self.silence_s(), self.heartbeat_s()
             if self._underlay() is self._dropped:
                 continue  # dropped already, and still closing
-            if silence is not None and heartbeat_s > 0 and silence > 2 * heartbeat_s:
+            dead_after_s = SILENT_HEARTBEATS_TO_DEAD * heartbeat_s
+            if silence is not None and heartbeat_s > 0 and silence > dead_after_s:
                 _logger.warning(
                     "No frame from the broker at %s for %.1f s (heartbeat %g s): the "
                     "connection is taken for dead and dropped (%s)",

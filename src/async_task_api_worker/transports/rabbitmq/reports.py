@@ -64,8 +64,12 @@ class ReportPublisher:
             BrokerRefusedError: the broker refused the credentials or the vhost.
             BrokerUnavailableError: no broker was reached in time.
         """
-        connection = await self._link.open()
-        self._channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
+        await self._link.open()
+        self._channel = await self._confirmed_channel()
+
+    async def _confirmed_channel(self) -> AbstractChannel:
+        """A channel with publisher confirms whose returns (unroutable reports) raise."""
+        return await self._link.connection.channel(publisher_confirms=True, on_return_raises=True)
 
     async def publish(self, report: EncodedReport) -> None:
         """Publish ``report`` to the output queue and wait for the broker's confirm.
@@ -148,10 +152,7 @@ class ReportPublisher:
     async def _replace_publish_channel(self) -> None:
         try:
             old = self._channel
-            fresh = await self._link.connection.channel(
-                publisher_confirms=True, on_return_raises=True
-            )
-            self._channel = fresh
+            self._channel = await self._confirmed_channel()
             if old is not None:
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(old.close(), timeout=5.0)

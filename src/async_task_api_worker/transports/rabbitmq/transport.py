@@ -140,13 +140,18 @@ class RabbitMQTransport:
         self._out_queue_name = out_queue
         self._prefetch = prefetch
         self._service = service
-        link = {
-            "heartbeat_s": heartbeat_s,
-            "connect_timeout_s": connect_timeout_s,
-            "reconnect_interval_s": reconnect_interval_s,
-        }
-        self._consumer = BrokerLink(urls, name=f"{service} worker", **link)  # type: ignore[arg-type]
-        self._publisher = BrokerLink(urls, name=f"{service} worker reports", **link)  # type: ignore[arg-type]
+
+        def link(name: str) -> BrokerLink:
+            return BrokerLink(
+                urls,
+                name=name,
+                heartbeat_s=heartbeat_s,
+                connect_timeout_s=connect_timeout_s,
+                reconnect_interval_s=reconnect_interval_s,
+            )
+
+        self._consumer = link(f"{service} worker")
+        self._publisher = link(f"{service} worker reports")
         self._reports = ReportPublisher(self._publisher, out_queue)
         self._consume_channel: AbstractChannel | None = None
         self._in_queue: AbstractQueue | None = None
