@@ -42,6 +42,7 @@ async def _measure(executor: ProcessExecutor, tasks: int) -> list[float]:
             context=make_task_context(task_id=f"bench-{number}"),
             timeout_s=60.0,
             task_id=f"bench-{number}",
+            output_model=noop.task_definition.output_model,
         )
         started = time.perf_counter()
         await executor.execute(request)

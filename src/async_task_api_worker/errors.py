@@ -43,7 +43,6 @@ Every class has a class-level ``code`` (from the protocol's error-code table, se
 
 from __future__ import annotations
 
-import re
 from typing import ClassVar
 
 __all__ = [
@@ -83,27 +82,6 @@ __all__ = [
     "TransportError",
 ]
 
-#: The rule for error codes (docs/protocol.md, "Error codes"): an upper-case letter, then up to
-#: 63 upper-case letters, digits or underscores. It keeps codes usable as metric label values.
-ERROR_CODE_PATTERN = re.compile(r"^[A-Z][A-Z0-9_]{0,63}$")
-
-#: Codes only the SDK may assert: a handler cannot claim a timeout or a poison message.
-#: ``INVALID_INPUT`` is deliberately not here: a handler may reject input it finds unusable.
-RESERVED_ERROR_CODES = frozenset(
-    {
-        "TASK_TIMEOUT",
-        "INTERNAL_ERROR",
-        "TASK_ABANDONED_AFTER_REDELIVERIES",
-        "POISON_MESSAGE",
-        "INVALID_RESULT",
-        "RESULT_TOO_LARGE",
-        "WORKER_CRASHED",
-        "WORKER_DIED",
-    }
-)
-
-_MAX_MESSAGE_CHARS = 1024
-
 
 class AsyncTaskWorkerError(Exception):
     """Root of every exception the SDK raises on purpose."""
@@ -133,7 +111,7 @@ class TaskError(AsyncTaskWorkerError):
 
     def __init__(self, code: str, message: str) -> None:
         self.task_code = _check_code(code)
-        self.message = str(message)[:_MAX_MESSAGE_CHARS]
+        self.message = str(message)[:MAX_ERROR_MESSAGE_CHARS]
         super().__init__(f"{self.task_code}: {self.message}")
 
 
@@ -397,3 +375,12 @@ class HookNotAsyncError(DefinitionError):
 
 class InvalidProbeNameError(DefinitionError):
     """A readiness probe name is reserved, invalid, or already used."""
+
+
+# Imported last, once every class above exists: the protocol package imports this module's
+# exceptions, and the code rule and the message limit are the protocol's (protocol/codes.py).
+from async_task_api_worker.protocol.codes import (  # noqa: E402
+    ERROR_CODE_PATTERN,
+    MAX_ERROR_MESSAGE_CHARS,
+    RESERVED_ERROR_CODES,
+)

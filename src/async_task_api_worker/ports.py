@@ -15,6 +15,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel
 
+from async_task_api_worker.conclusion import Conclusion
 from async_task_api_worker.context import SyncTaskContext, TaskContext
 from async_task_api_worker.protocol.reports import EncodedReport
 
@@ -269,6 +270,8 @@ class ExecutionRequest:
         context: the context passed to the handler.
         timeout_s: the handler's deadline, in seconds from the call.
         task_id: the task's id, for the executor's own logs.
+        output_model: the task's output model, which concludes a returned value
+            (``task_call.conclude_value``).
     """
 
     handler: Callable[..., Any]
@@ -277,14 +280,16 @@ class ExecutionRequest:
     context: TaskContext | SyncTaskContext
     timeout_s: float
     task_id: str
+    output_model: type[BaseModel]
 
 
 class Executor(Protocol):
-    """Runs a handler under its deadline.
+    """Runs a handler under its deadline and concludes it.
 
-    ``execute`` returns what the handler returned, or raises what it raised;
-    :class:`~async_task_api_worker.errors.TaskTimeoutError` at the deadline. Cancelling the
-    ``execute`` coroutine stops the work as far as the executor can (an asyncio cancel, a
+    ``execute`` returns the call's :data:`~async_task_api_worker.conclusion.Conclusion`, made
+    by the task call (:mod:`async_task_api_worker.task_call`) wherever the handler ran:
+    ``TASK_TIMEOUT`` at the deadline, never an exception for what the handler did. Cancelling
+    the ``execute`` coroutine stops the work as far as the executor can (an asyncio cancel, a
     process-group kill; a thread cannot be stopped and is reported as stuck).
     """
 
@@ -292,8 +297,8 @@ class Executor(Protocol):
         """Get ready before the first task (start a fork server); a failure is logged."""
         ...
 
-    def execute(self, request: ExecutionRequest) -> Awaitable[Any]:
-        """Run ``request.handler(request.task_input, request.context)``."""
+    def execute(self, request: ExecutionRequest) -> Awaitable[Conclusion]:
+        """Run ``request.handler(request.task_input, request.context)`` and conclude it."""
         ...
 
     async def aclose(self) -> None:

@@ -6,8 +6,6 @@ import pytest
 
 from async_task_api_worker import errors
 from async_task_api_worker.errors import (
-    ERROR_CODE_PATTERN,
-    RESERVED_ERROR_CODES,
     AsyncTaskWorkerError,
     ConfigError,
     FatalError,
@@ -16,6 +14,7 @@ from async_task_api_worker.errors import (
     TaskError,
 )
 from async_task_api_worker.protocol import ErrorCode
+from async_task_api_worker.protocol.codes import ERROR_CODE_PATTERN, RESERVED_ERROR_CODES
 
 
 def test_fatal_error_carries_its_code_and_message() -> None:

@@ -8,7 +8,7 @@ import threading
 import pytest
 from pydantic import BaseModel
 
-from async_task_api_worker.errors import TaskTimeoutError
+from async_task_api_worker.conclusion import Failure, Response
 from async_task_api_worker.executors import InlineExecutor, ThreadExecutor
 from async_task_api_worker.ports import ExecutionRequest
 from async_task_api_worker.testing import make_sync_task_context, make_task_context
@@ -16,6 +16,22 @@ from async_task_api_worker.testing import make_sync_task_context, make_task_cont
 
 class Model(BaseModel):
     pass
+
+
+class Out(BaseModel):
+    value: str
+
+
+def sync_request(handler: object, timeout_s: float, task_id: str) -> ExecutionRequest:
+    return ExecutionRequest(
+        handler=handler,  # type: ignore[arg-type]
+        task_input=Model(),
+        raw_input={},
+        context=make_sync_task_context(),
+        timeout_s=timeout_s,
+        task_id=task_id,
+        output_model=Out,
+    )
 
 
 def request(handler: object, timeout_s: float = 5.0, task_id: str = "t") -> ExecutionRequest:
@@ -26,22 +42,23 @@ def request(handler: object, timeout_s: float = 5.0, task_id: str = "t") -> Exec
         context=make_task_context(),
         timeout_s=timeout_s,
         task_id=task_id,
+        output_model=Out,
     )
 
 
-async def test_inline_returns_the_handlers_value() -> None:
-    async def handler(task_input: Model, ctx: object) -> int:
-        return 7
+async def test_inline_concludes_the_handlers_value_by_its_output_model() -> None:
+    async def handler(task_input: Model, ctx: object) -> dict[str, str]:
+        return {"value": "7"}
 
-    assert await InlineExecutor().execute(request(handler)) == 7
+    assert await InlineExecutor().execute(request(handler)) == Response({"value": "7"})
 
 
-async def test_inline_raises_task_timeout_at_the_deadline() -> None:
+async def test_inline_concludes_task_timeout_at_the_deadline() -> None:
     async def handler(task_input: Model, ctx: object) -> None:
         await asyncio.Event().wait()
 
-    with pytest.raises(TaskTimeoutError):
-        await InlineExecutor().execute(request(handler, timeout_s=0.01))
+    conclusion = await InlineExecutor().execute(request(handler, timeout_s=0.01))
+    assert conclusion == Failure("TASK_TIMEOUT", "the task did not finish within 0.01 s")
 
 
 async def test_threads_past_their_deadline_are_reported_until_they_finish() -> None:
@@ -54,16 +71,9 @@ async def test_threads_past_their_deadline_are_reported_until_they_finish() -> N
         return "late"
 
     executor = ThreadExecutor(max_threads=2)
-    req = ExecutionRequest(
-        handler=handler,
-        task_input=Model(),
-        raw_input={},
-        context=make_sync_task_context(),
-        timeout_s=0.01,
-        task_id="slow",
-    )
-    with pytest.raises(TaskTimeoutError):
-        await executor.execute(req)
+    req = sync_request(handler, 0.01, "slow")
+    conclusion = await executor.execute(req)
+    assert isinstance(conclusion, Failure) and conclusion.code == "TASK_TIMEOUT"
     assert executor.stuck_task_ids == ("slow",)
     release.set()
     await asyncio.get_running_loop().run_in_executor(None, finished.wait, 5)
@@ -84,14 +94,7 @@ async def test_a_cancelled_thread_task_is_reported_stuck() -> None:
         release.wait(10)
 
     executor = ThreadExecutor(max_threads=1)
-    req = ExecutionRequest(
-        handler=handler,
-        task_input=Model(),
-        raw_input={},
-        context=make_sync_task_context(),
-        timeout_s=30,
-        task_id="drained",
-    )
+    req = sync_request(handler, 30, "drained")
     running = asyncio.create_task(executor.execute(req))
     await asyncio.get_running_loop().run_in_executor(None, started.wait, 5)
     running.cancel()
@@ -107,16 +110,8 @@ async def test_a_thread_raising_timeout_error_itself_is_not_a_task_timeout() -> 
         raise TimeoutError("socket")
 
     executor = ThreadExecutor(max_threads=1)
-    req = ExecutionRequest(
-        handler=handler,
-        task_input=Model(),
-        raw_input={},
-        context=make_sync_task_context(),
-        timeout_s=5,
-        task_id="t",
-    )
-    with pytest.raises(TimeoutError, match="socket"):
-        await executor.execute(req)
+    conclusion = await executor.execute(sync_request(handler, 5, "t"))
+    assert conclusion == Failure("INTERNAL_ERROR", "the task failed with an internal error")
     await executor.aclose()
 
 
@@ -124,27 +119,17 @@ async def test_an_abandoned_thread_is_replaced_so_the_next_task_runs() -> None:
     release = threading.Event()
     ran: list[str] = []
 
-    def handler(task_input: Model, ctx: object) -> str:
+    def handler(task_input: Model, ctx: object) -> Out:
         ran.append(threading.current_thread().name)
         if len(ran) == 1:
             release.wait(10)
-        return "done"
+        return Out(value="done")
 
     executor = ThreadExecutor(max_threads=1)
 
-    def make(task_id: str, timeout_s: float) -> ExecutionRequest:
-        return ExecutionRequest(
-            handler=handler,
-            task_input=Model(),
-            raw_input={},
-            context=make_sync_task_context(),
-            timeout_s=timeout_s,
-            task_id=task_id,
-        )
-
-    with pytest.raises(TaskTimeoutError):
-        await executor.execute(make("stuck", 0.05))
-    assert await executor.execute(make("next", 5)) == "done"
+    stuck = await executor.execute(sync_request(handler, 0.05, "stuck"))
+    assert isinstance(stuck, Failure) and stuck.code == "TASK_TIMEOUT"
+    assert await executor.execute(sync_request(handler, 5, "next")) == Response({"value": "done"})
     assert len(ran) == 2 and ran[0] != ran[1]
     release.set()
     await executor.aclose()

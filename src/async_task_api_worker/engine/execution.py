@@ -7,10 +7,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from async_task_api_worker.conclusion import Conclusion
 from async_task_api_worker.context import bind_task_fields
 from async_task_api_worker.ports import CancelToken, ExecutionRequest, Executor, Outcome
+from async_task_api_worker.task_call import conclude_error
 
-__all__ = ["Raised", "Returned", "StopSignal", "Stopped", "execute"]
+__all__ = ["StopSignal", "Stopped", "execute"]
 
 
 class StopSignal:
@@ -29,20 +31,6 @@ class StopSignal:
 
 
 @dataclass(frozen=True, slots=True)
-class Returned:
-    """The handler returned ``value``."""
-
-    value: Any
-
-
-@dataclass(frozen=True, slots=True)
-class Raised:
-    """The handler (or the executor, for a timeout) raised ``error``."""
-
-    error: Exception
-
-
-@dataclass(frozen=True, slots=True)
 class Stopped:
     """The handler was stopped from outside: ``shutdown_requeued`` or ``cancelled``."""
 
@@ -56,11 +44,12 @@ async def execute(
     task_fields: Mapping[str, Any],
     stop: StopSignal,
     delivery_cancel: CancelToken,
-) -> Returned | Raised | Stopped:
+) -> Conclusion | Stopped:
     """Run ``request`` through ``executor`` and say how it ended.
 
     The call runs as its own task, so that a shutdown abort or a delivery cancel stops the
-    handler alone; a cancel of the caller's own task still propagates.
+    handler alone; a cancel of the caller's own task still propagates. An executor that raises
+    (a defect of its own) concludes the call as the task call concludes any exception.
 
     Raises:
         asyncio.CancelledError: the calling task itself was cancelled.
@@ -81,14 +70,15 @@ async def execute(
     remove_abort = stop.aborted.add_callback(stopper(Outcome.SHUTDOWN_REQUEUED))
     remove_cancel = delivery_cancel.add_callback(stopper(Outcome.CANCELLED))
     try:
-        return Returned(await execution)
+        return await execution
     except asyncio.CancelledError:
         current = asyncio.current_task()
         if stopped_by and not (current is not None and current.cancelling()):
             return Stopped(stopped_by[0])
         raise
     except Exception as exc:
-        return Raised(exc)
+        with bind_task_fields(task_fields):
+            return conclude_error(exc, timeout_s=request.timeout_s)
     finally:
         remove_abort()
         remove_cancel()

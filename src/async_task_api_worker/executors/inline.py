@@ -6,9 +6,10 @@ import asyncio
 import logging
 from typing import Any, Final
 
+from async_task_api_worker.conclusion import Conclusion
 from async_task_api_worker.context import task_log_extra
-from async_task_api_worker.errors import TaskTimeoutError
 from async_task_api_worker.ports import ExecutionRequest
+from async_task_api_worker.task_call import conclude_error, conclude_value, timed_out
 
 __all__ = ["CANCEL_GRACE_S", "HandlerExitError", "InlineExecutor"]
 
@@ -59,14 +60,14 @@ class InlineExecutor:
         """Task ids of handlers that ignored their cancel and still run."""
         return tuple(self._stuck.values())
 
-    async def execute(self, request: ExecutionRequest) -> Any:
+    async def execute(self, request: ExecutionRequest) -> Conclusion:
         """Await ``request.handler(request.task_input, request.context)`` under the deadline.
 
-        Raises:
-            TaskTimeoutError: the deadline passed. A ``TimeoutError`` the handler raises itself
-                is passed through unchanged (it is the handler's failure, not a timeout).
-            HandlerExitError: the handler raised a ``BaseException`` (``SystemExit``...), or was
-                cancelled by something other than the SDK.
+        Returns:
+            The call's conclusion: ``TASK_TIMEOUT`` when the deadline passed (a ``TimeoutError``
+            the handler raises itself is its own failure, an ``INTERNAL_ERROR``); a
+            ``BaseException`` (``SystemExit``...) or a cancel by something other than the SDK
+            is an ``INTERNAL_ERROR`` (:class:`HandlerExitError`).
         """
         # The task copies the caller's context: the handler's records carry the task fields.
         handler = asyncio.ensure_future(_call(request))
@@ -77,10 +78,16 @@ class InlineExecutor:
             raise
         if not done:
             await self._stop(handler, request.task_id)
-            raise TaskTimeoutError(f"handler ran past {request.timeout_s:g} s")
+            return timed_out(request.timeout_s)
         if handler.cancelled():
-            raise HandlerExitError("the handler was cancelled by something other than the SDK")
-        return handler.result()
+            exc: BaseException = HandlerExitError(
+                "the handler was cancelled by something other than the SDK"
+            )
+        elif (exc_or_none := handler.exception()) is None:
+            return conclude_value(request.output_model, handler.result())
+        else:
+            exc = exc_or_none
+        return conclude_error(exc)
 
     async def _stop(self, handler: asyncio.Task[Any], task_id: str) -> None:
         handler.cancel()

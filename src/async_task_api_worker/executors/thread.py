@@ -19,10 +19,11 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
+from async_task_api_worker.conclusion import Conclusion
 from async_task_api_worker.context import task_log_extra
-from async_task_api_worker.errors import TaskTimeoutError
 from async_task_api_worker.executors.inline import HandlerExitError
 from async_task_api_worker.ports import ExecutionRequest
+from async_task_api_worker.task_call import conclude_error, conclude_value, timed_out
 
 __all__ = ["ThreadExecutor"]
 
@@ -130,12 +131,13 @@ class ThreadExecutor:
         with self._lock:
             return tuple(self._running[f] for f in self._abandoned if f in self._running)
 
-    async def execute(self, request: ExecutionRequest) -> Any:
-        """Run the handler in a thread, with the caller's context variables.
+    async def execute(self, request: ExecutionRequest) -> Conclusion:
+        """Run the handler in a thread, with the caller's context variables, and conclude it.
 
-        Raises:
-            TaskTimeoutError: the deadline passed (the thread keeps running, recorded as stuck).
-            HandlerExitError: the handler raised a ``BaseException`` (``SystemExit``...).
+        Returns:
+            The call's conclusion; ``TASK_TIMEOUT`` when the deadline passed (the thread keeps
+            running, recorded as stuck). A ``BaseException`` (``SystemExit``...) is an
+            ``INTERNAL_ERROR`` (:class:`~async_task_api_worker.executors.inline.HandlerExitError`).
         """
         context = contextvars.copy_context()
         future = self._threads.submit(functools.partial(context.run, _call, request))
@@ -145,15 +147,18 @@ class ThreadExecutor:
         deadline = asyncio.timeout(request.timeout_s)
         try:
             async with deadline:
-                return await asyncio.wrap_future(future)
+                value = await asyncio.wrap_future(future)
         except TimeoutError as exc:
             if deadline.expired():
                 self._abandon(future)
-                raise TaskTimeoutError(f"handler ran past {request.timeout_s:g} s") from exc
-            raise
+                return timed_out(request.timeout_s)
+            return conclude_error(exc)  # the handler's own TimeoutError
         except asyncio.CancelledError:
             self._abandon(future)
             raise
+        except Exception as exc:
+            return conclude_error(exc)
+        return conclude_value(request.output_model, value)
 
     def _abandon(self, future: Future[Any]) -> None:
         with self._lock:

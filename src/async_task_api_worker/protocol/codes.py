@@ -1,21 +1,31 @@
-"""The protocol's fixed vocabularies: error codes, report types and poison reasons.
+"""The protocol's fixed vocabularies and rules: error codes, report types, poison reasons.
 
-Source: docs/protocol.md, sections "Reports" and "Error codes".
+Source: docs/protocol.md, sections "Reports" and "Error codes". The code rule, the reserved
+codes and the message limit live here alone; ``errors`` and the report models use them. This
+module imports nothing of the package, so that ``errors`` can import it.
 """
 
 from __future__ import annotations
 
+import re
 from enum import StrEnum
-
-from async_task_api_worker.errors import ERROR_CODE_PATTERN, RESERVED_ERROR_CODES
+from typing import Final
 
 __all__ = [
     "ERROR_CODE_PATTERN",
+    "MAX_ERROR_MESSAGE_CHARS",
     "RESERVED_ERROR_CODES",
     "ErrorCode",
     "PoisonReason",
     "ReportType",
 ]
+
+#: The rule for error codes (docs/protocol.md, "Error codes"): an upper-case letter, then up to
+#: 63 upper-case letters, digits or underscores. It keeps codes usable as metric label values.
+ERROR_CODE_PATTERN: Final = re.compile(r"^[A-Z][A-Z0-9_]{0,63}$")
+
+#: The longest ``error.message`` of a failure report, in characters; the SDK cuts longer ones.
+MAX_ERROR_MESSAGE_CHARS: Final = 1024
 
 
 class ReportType(StrEnum):
@@ -72,3 +82,13 @@ class PoisonReason(StrEnum):
     INVALID_ENVELOPE = "invalid_envelope"
     UNSUPPORTED_VERSION = "unsupported_version"
     WRONG_SERVICE = "wrong_service"
+
+
+#: Codes only the SDK may assert: a handler cannot claim a timeout or a poison message.
+#: ``INVALID_INPUT`` (a handler may refuse input it finds unusable) and ``TRANSIENT_ERROR`` (the
+#: default code of a ``RetryableError``) are the SDK codes a handler may also raise.
+RESERVED_ERROR_CODES: Final = frozenset(
+    code.value
+    for code in ErrorCode
+    if code not in (ErrorCode.INVALID_INPUT, ErrorCode.TRANSIENT_ERROR)
+)

@@ -20,8 +20,12 @@ from pydantic import (
     ValidationError,
 )
 
-from async_task_api_worker.errors import ERROR_CODE_PATTERN, ProtocolError, ReportEncodeError
-from async_task_api_worker.protocol.codes import ReportType
+from async_task_api_worker.errors import ProtocolError, ReportEncodeError
+from async_task_api_worker.protocol.codes import (
+    ERROR_CODE_PATTERN,
+    MAX_ERROR_MESSAGE_CHARS,
+    ReportType,
+)
 from async_task_api_worker.protocol.encoding import (
     MAX_REPORT_BYTES,
     canonical_dumps,
@@ -55,8 +59,6 @@ __all__ = [
 #: Report timestamps: UTC, microseconds always written, ``Z`` suffix.
 TIMESTAMP_PATTERN: Final = r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{6}Z$"
 
-#: The longest ``error.message``, in characters; the SDK cuts longer ones.
-MAX_ERROR_MESSAGE_CHARS: Final = 1024
 
 _Identifier = Annotated[str, StringConstraints(pattern=ID_PATTERN)]
 

@@ -181,10 +181,16 @@ def test_the_backoff_doubles_per_attempt_and_is_capped() -> None:
         {"worker_retry_backoff_s": 1, "worker_retry_backoff_max_s": 5}, read_environment=False
     )
     error = RetryableError()
-    assert [retry_backoff_s(n, error, settings, 1.0) for n in range(1, 6)] == [1, 2, 4, 5, 5]
-    assert retry_backoff_s(2, error, settings, 0.5) == 1
-    assert retry_backoff_s(1, RetryableError(retry_delay_s=3), settings, 1.0) == 3
-    assert retry_backoff_s(1, RetryableError(retry_delay_s=60), settings, 1.0) == 5
+    assert [retry_backoff_s(n, error.retry_delay_s, settings, 1.0) for n in range(1, 6)] == [
+        1,
+        2,
+        4,
+        5,
+        5,
+    ]
+    assert retry_backoff_s(2, error.retry_delay_s, settings, 0.5) == 1
+    assert retry_backoff_s(1, 3, settings, 1.0) == 3
+    assert retry_backoff_s(1, 60, settings, 1.0) == 5
 
 
 async def test_a_classic_queue_gets_one_retry_then_concludes_with_a_warning(

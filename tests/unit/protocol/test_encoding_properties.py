@@ -8,7 +8,6 @@ from typing import Any
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from async_task_api_worker.errors import ERROR_CODE_PATTERN
 from async_task_api_worker.protocol import (
     FailureReport,
     ProgressReport,
@@ -19,6 +18,7 @@ from async_task_api_worker.protocol import (
     decode_report,
     encode_report,
 )
+from async_task_api_worker.protocol.codes import ERROR_CODE_PATTERN
 from tests.unit.protocol.protocol_strategies import (
     ids,
     joined,

@@ -1,12 +1,18 @@
-"""The task channel: length-prefixed JSON messages over a Unix socket between worker and child.
+"""The task channel: both halves of the worker-to-child protocol, frames and typed messages.
 
 The channel is a socket of its own, never the child's stdout or stderr: whatever the handler,
 a library or a C extension writes to file descriptors 1 and 2 cannot corrupt a result.
 
 Frame: a 4-byte big-endian length, then that many bytes of JSON (``ensure_ascii``, so a lone
-surrogate or a NUL in a string travels escaped and arrives identical). The request goes down
-once; the child sends ``progress``, ``drop`` and ``log`` messages, then exactly one of
-``result``, ``error``, ``invalid_result`` or ``crash``.
+surrogate or a NUL in a string travels escaped and arrives identical).
+
+Messages: the worker sends one :class:`TaskRequest`; the child sends any number of
+:class:`ProgressMessage`, :class:`DropMessage` and :class:`LogMessage`, then exactly one
+:class:`OutcomeMessage`: the conclusion the child's task call made
+(:mod:`async_task_api_worker.task_call`), which the worker reports as it is. Each message is
+written by its ``to_json`` and read by :func:`decode_child_message` or
+:meth:`TaskRequest.from_json`, here alone; the worker trusts nothing a child sends, so every
+field is checked on the way in (:class:`ChannelError`).
 """
 
 from __future__ import annotations
@@ -16,14 +22,25 @@ import json
 import socket
 import struct
 import threading
+from dataclasses import dataclass, field
 from typing import Any, Final
 
+from async_task_api_worker.conclusion import Conclusion, conclusion_from_json, conclusion_to_json
+from async_task_api_worker.context import ProgressDropReason, ProgressUpdate
 from async_task_api_worker.protocol.encoding import MAX_REPORT_BYTES
+from async_task_api_worker.task_call import TaskFields
 
 __all__ = [
     "MAX_CHILD_FRAME_BYTES",
     "ChannelError",
     "ChildChannel",
+    "ChildMessage",
+    "DropMessage",
+    "LogMessage",
+    "OutcomeMessage",
+    "ProgressMessage",
+    "TaskRequest",
+    "decode_child_message",
     "encode_frame",
     "read_frame",
 ]
@@ -131,3 +148,177 @@ class ChildChannel:
         frame = encode_frame(message)
         with self._lock:
             self._sock.sendall(frame)
+
+
+@dataclass(frozen=True, slots=True)
+class TaskRequest:
+    """What the worker sends down: the task's raw input, its fields, limits and log level.
+
+    Attributes:
+        raw_input: the envelope's ``input`` (the child validates it again).
+        fields: who the call works for (``task_call.TaskFields``).
+        memory_limit_bytes: the address-space limit, or ``None``.
+        cpu_limit_s: the CPU-time limit in seconds, or ``None``.
+        log_level: the worker's root log level (the child logs at it, through the channel).
+    """
+
+    raw_input: dict[str, Any]
+    fields: TaskFields
+    memory_limit_bytes: int | None = None
+    cpu_limit_s: float | None = None
+    log_level: int = 20
+
+    def to_json(self) -> dict[str, Any]:
+        """The request as the frame's JSON object."""
+        return {
+            "t": "request",
+            "input": self.raw_input,
+            "fields": self.fields.to_json(),
+            "limits": {
+                "memory_limit_bytes": self.memory_limit_bytes,
+                "cpu_limit_s": self.cpu_limit_s,
+            },
+            "log_level": self.log_level,
+        }
+
+    @classmethod
+    def from_json(cls, message: dict[str, Any]) -> TaskRequest:
+        """Read a request.
+
+        Raises:
+            ChannelError: not a request of this shape.
+        """
+        try:
+            limits = message.get("limits") or {}
+            memory, cpu = limits.get("memory_limit_bytes"), limits.get("cpu_limit_s")
+            if message.get("t") != "request" or not isinstance(message.get("input"), dict):
+                raise ValueError("not a request")
+            return cls(
+                raw_input=message["input"],
+                fields=TaskFields.from_json(message["fields"]),
+                memory_limit_bytes=None if memory is None else int(memory),
+                cpu_limit_s=None if cpu is None else float(cpu),
+                log_level=int(message.get("log_level", 20)),
+            )
+        except (AttributeError, KeyError, TypeError, ValueError) as exc:
+            raise ChannelError(f"a request that breaks the rules ({type(exc).__name__})") from exc
+
+
+@dataclass(frozen=True, slots=True)
+class ProgressMessage:
+    """A progress update the handler made, already checked by the child's context."""
+
+    update: ProgressUpdate
+
+    def to_json(self) -> dict[str, Any]:
+        """The message as the frame's JSON object."""
+        payload = None if self.update.payload is None else dict(self.update.payload)
+        return {"t": "progress", "fraction": self.update.fraction, "payload": payload}
+
+
+@dataclass(frozen=True, slots=True)
+class DropMessage:
+    """A progress update the child's context dropped, and why."""
+
+    reason: ProgressDropReason
+
+    def to_json(self) -> dict[str, Any]:
+        """The message as the frame's JSON object."""
+        return {"t": "drop", "reason": self.reason.value}
+
+
+@dataclass(frozen=True, slots=True)
+class LogMessage:
+    """A log record of the child, for the worker to log in its own format.
+
+    Attributes:
+        level: the record's level number.
+        name: its logger's name.
+        msg: the formatted message (cut at :data:`MAX_LOG_CHARS`).
+        extra: its ``extra`` fields, as JSON scalars.
+        exc: its formatted traceback, if any.
+    """
+
+    level: int
+    name: str
+    msg: str
+    extra: dict[str, Any] = field(default_factory=dict)
+    exc: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The message as the frame's JSON object."""
+        return {
+            "t": "log",
+            "level": self.level,
+            "name": self.name,
+            "msg": self.msg[:MAX_LOG_CHARS],
+            "extra": self.extra,
+            "exc": self.exc,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class OutcomeMessage:
+    """The child's last message: the conclusion of the task call."""
+
+    conclusion: Conclusion
+
+    def to_json(self) -> dict[str, Any]:
+        """The message as the frame's JSON object."""
+        return {"t": "outcome", **conclusion_to_json(self.conclusion)}
+
+
+ChildMessage = ProgressMessage | DropMessage | LogMessage | OutcomeMessage
+
+#: Characters of a log message the child sends (a longer one is cut).
+MAX_LOG_CHARS: Final = 32 * 1024
+
+
+def _progress(message: dict[str, Any]) -> ProgressMessage:
+    fraction, payload = message.get("fraction"), message.get("payload")
+    if (
+        isinstance(fraction, bool)
+        or not isinstance(fraction, int | float)
+        or not 0.0 <= fraction < 1.0
+        or not (payload is None or isinstance(payload, dict))
+    ):
+        raise ChannelError("a progress message that breaks the rules")
+    return ProgressMessage(ProgressUpdate(float(fraction), payload))
+
+
+def _log(message: dict[str, Any]) -> LogMessage:
+    level, extra, exc = message.get("level", 20), message.get("extra") or {}, message.get("exc")
+    if (
+        isinstance(level, bool)
+        or not isinstance(level, int)
+        or not isinstance(extra, dict)
+        or not (exc is None or isinstance(exc, str))
+    ):
+        raise ChannelError("a log message that breaks the rules")
+    name = str(message.get("name") or "root")
+    return LogMessage(level, name, str(message.get("msg", ""))[:MAX_LOG_CHARS], extra, exc)
+
+
+def decode_child_message(message: dict[str, Any]) -> ChildMessage:
+    """The typed message a child sent.
+
+    Raises:
+        ChannelError: an unknown kind, or a field that breaks its message's rules (a forged or
+            broken message: the task's result is then invalid).
+    """
+    kind = message.get("t")
+    if kind == "progress":
+        return _progress(message)
+    if kind == "drop":
+        try:
+            return DropMessage(ProgressDropReason(str(message.get("reason"))))
+        except ValueError as exc:
+            raise ChannelError("a drop message with an unknown reason") from exc
+    if kind == "log":
+        return _log(message)
+    if kind == "outcome":
+        try:
+            return OutcomeMessage(conclusion_from_json(message))
+        except ValueError as exc:
+            raise ChannelError(f"an outcome that breaks the rules: {exc}") from exc
+    raise ChannelError("a message of an unknown kind")

@@ -17,25 +17,21 @@ import logging
 import socket
 import sys
 import time
-from typing import Any, Final
+from typing import Final
 
-from async_task_api_worker.context import (
-    ProgressDropReason,
-    ProgressUpdate,
-    progress_sink_of,
-    task_log_extra,
-)
+from async_task_api_worker.conclusion import Conclusion, Failure
+from async_task_api_worker.context import progress_sink_of, task_log_extra
 from async_task_api_worker.definition import TaskDefinition
-from async_task_api_worker.errors import (
-    FatalError,
-    IsolatedTaskError,
-    RemoteHandlerError,
-    RetryableError,
-    TaskTimeoutError,
-)
+from async_task_api_worker.errors import IsolatedTaskError
 from async_task_api_worker.executors.process.channel import (
     MAX_CHILD_FRAME_BYTES,
     ChannelError,
+    DropMessage,
+    LogMessage,
+    OutcomeMessage,
+    ProgressMessage,
+    TaskRequest,
+    decode_child_message,
     encode_frame,
     read_frame,
 )
@@ -52,6 +48,7 @@ from async_task_api_worker.executors.process.group import (
 from async_task_api_worker.executors.process.output import OutputTail
 from async_task_api_worker.ports import ExecutionRequest
 from async_task_api_worker.protocol.codes import ErrorCode
+from async_task_api_worker.task_call import TaskFields, conclude_error, timed_out
 
 __all__ = ["EXIT_GRACE_S", "ProcessExecutor"]
 
@@ -187,39 +184,33 @@ class ProcessExecutor:
         self.spawned_fresh += 1
         return child
 
-    def _request(self, request: ExecutionRequest) -> dict[str, Any]:
+    def _request(self, request: ExecutionRequest) -> TaskRequest:
         context = request.context
-        return {
-            "input": dict(request.raw_input),
-            "context": {
-                "task_id": context.task_id,
-                "client_id": context.client_id,
-                "service": context.service,
-                "attempt": context.attempt,
-                "delivery_limit": context.delivery_limit,
-                "input_refs": [ref.model_dump(mode="json") for ref in context.input_refs],
-            },
-            "limits": {
-                "memory_limit_bytes": self._task.memory_limit_bytes,
-                "cpu_limit_s": self._task.cpu_limit_s,
-            },
-            "log_level": logging.getLogger().getEffectiveLevel(),
-        }
+        fields = TaskFields(
+            task_id=context.task_id,
+            client_id=context.client_id,
+            service=context.service,
+            attempt=context.attempt,
+            delivery_limit=context.delivery_limit,
+            input_refs=context.input_refs,
+        )
+        return TaskRequest(
+            raw_input=dict(request.raw_input),
+            fields=fields,
+            memory_limit_bytes=self._task.memory_limit_bytes,
+            cpu_limit_s=self._task.cpu_limit_s,
+            log_level=logging.getLogger().getEffectiveLevel(),
+        )
 
-    async def execute(self, request: ExecutionRequest) -> Any:
+    async def execute(self, request: ExecutionRequest) -> Conclusion:
         """Run the handler in a child process under ``request.timeout_s``.
 
         Returns:
-            The handler's response, as JSON-compatible data (the engine validates it).
-
-        Raises:
-            TaskTimeoutError: the deadline passed; the child's group was killed.
-            FatalError, RetryableError: the handler raised it (rebuilt from its code,
-                message and retry delay).
-            RemoteHandlerError: the handler raised anything else (``INTERNAL_ERROR``).
-            IsolatedTaskError: the child died from a signal the SDK did not send or hit its
-                memory limit (``WORKER_CRASHED``), or ended without a valid result
-                (``INVALID_RESULT``).
+            The conclusion the child's task call sent, as it is; or, when the child could not
+            conclude: ``TASK_TIMEOUT`` at the deadline (the child's group killed),
+            ``WORKER_CRASHED`` for a child killed by a signal the SDK did not send, and
+            ``INVALID_RESULT`` (``RESULT_TOO_LARGE`` for a too large one) for a child that
+            ended without a valid outcome or broke its channel.
         """
         loop = asyncio.get_running_loop()
         deadline = loop.time() + request.timeout_s
@@ -256,7 +247,7 @@ class ProcessExecutor:
                         with contextlib.suppress(asyncio.CancelledError, Exception):
                             await conversation
                         output_level = logging.WARNING
-                        raise _exit_failure(child, exited.result())
+                        return _exit_failure(child, exited.result())
             except asyncio.CancelledError:
                 conversation.cancel()
                 raise
@@ -266,13 +257,12 @@ class ProcessExecutor:
                 conversation.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await conversation
-                raise TaskTimeoutError(f"handler ran past {request.timeout_s:g} s")
-            try:
-                return conversation.result()
-            except IsolatedTaskError:
+                return timed_out(request.timeout_s)
+            conclusion, ended_without_result = conversation.result()
+            if ended_without_result:
                 # Its output is the best clue to why it died (a fatal error, a C library).
                 output_level = logging.WARNING
-                raise
+            return conclusion
         finally:
             await self._clean_up(child, ours, stdout, stderr, request.task_id, output_level)
 
@@ -308,63 +298,57 @@ class ProcessExecutor:
 
     async def _converse(
         self, ours: socket.socket, request: ExecutionRequest, child: TaskProcess
-    ) -> Any:
+    ) -> tuple[Conclusion, bool]:
+        """The child's conclusion, and whether the child ended without one of its own."""
         reader, writer = await asyncio.open_unix_connection(sock=ours)
         try:
-            answer = await self._exchange(reader, writer, request)
+            conclusion = await self._exchange(reader, writer, request)
         except ChannelError as exc:
             child.kill()
-            if exc.too_large:
-                raise IsolatedTaskError(
-                    ErrorCode.RESULT_TOO_LARGE, f"the task's answer is too large: {exc}"
-                ) from exc
-            raise IsolatedTaskError(
-                ErrorCode.INVALID_RESULT, f"the task's process broke its result channel: {exc}"
-            ) from exc
-        except (KeyError, TypeError, ValueError, RecursionError) as exc:
-            child.kill()
-            raise IsolatedTaskError(
-                ErrorCode.INVALID_RESULT,
-                f"the task's process broke its result channel ({type(exc).__name__})",
-            ) from exc
+            code = ErrorCode.RESULT_TOO_LARGE if exc.too_large else ErrorCode.INVALID_RESULT
+            what = "answer is too large" if exc.too_large else "process broke its result channel"
+            return _no_result(code, f"the task's {what}: {exc}"), True
         finally:
             writer.close()
-        if answer is None:
-            return await self._no_answer(child)
+        if conclusion is None:
+            return await self._no_answer(child), True
         await child.reap(EXIT_GRACE_S)
-        return _outcome(answer)
+        return conclusion, False
 
     async def _exchange(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, request: ExecutionRequest
-    ) -> dict[str, Any] | None:
-        """Send the request, relay progress and logs; the answer, or ``None`` without one."""
+    ) -> Conclusion | None:
+        """Send the request, relay progress and logs; the outcome, or ``None`` without one.
+
+        Raises:
+            ChannelError: the child sent a message that breaks the channel's rules.
+        """
         sink = progress_sink_of(request.context)
         try:
-            writer.write(encode_frame(self._request(request)))
+            writer.write(encode_frame(self._request(request).to_json()))
             await writer.drain()
             while True:
-                message = await read_frame(reader, MAX_CHILD_FRAME_BYTES)
-                if message is None:
+                frame = await read_frame(reader, MAX_CHILD_FRAME_BYTES)
+                if frame is None:
                     return None
-                kind = message.get("t")
-                if kind == "progress":
-                    sink.offer(_progress_update(message))
-                elif kind == "drop":
-                    with contextlib.suppress(ValueError):
-                        sink.drop(ProgressDropReason(str(message.get("reason"))))
-                elif kind == "log":
+                message = decode_child_message(frame)
+                if isinstance(message, ProgressMessage):
+                    sink.offer(message.update)
+                elif isinstance(message, DropMessage):
+                    sink.drop(message.reason)
+                elif isinstance(message, LogMessage):
                     _relay_log(message)
-                else:
-                    return message
+                elif isinstance(message, OutcomeMessage):
+                    return message.conclusion
         except ConnectionError:
             return None  # the child died: its exit status tells how
 
-    async def _no_answer(self, child: TaskProcess) -> Any:
+    async def _no_answer(self, child: TaskProcess) -> Failure:
         code = await child.reap(EXIT_GRACE_S)
         if code is None and not child.exited.done():
             child.kill()
             code = await child.reap(REAP_TIMEOUT_S)
-        raise _exit_failure(child, code)
+        return _exit_failure(child, code)
 
     async def aclose(self) -> None:
         """Stop the fork server (the groups of its tasks are killed with it)."""
@@ -387,87 +371,42 @@ async def _settled(exited: asyncio.Future[int]) -> int | None:
         return None
 
 
-def _exit_failure(child: TaskProcess, code: int | None) -> IsolatedTaskError:
+def _no_result(code: str, message: str) -> Failure:
+    """A child that ended without a conclusion of its own, concluded as the task call does."""
+    return conclude_error(IsolatedTaskError(code, message))
+
+
+def _exit_failure(child: TaskProcess, code: int | None) -> Failure:
     """What a task process that ended without an answer means, from its exit code."""
     if code is None:
-        _logger.error("The task's process was lost with its fork server")
-        return IsolatedTaskError(
+        return _no_result(
             ErrorCode.WORKER_CRASHED, "the task's process was lost (its fork server stopped)"
         )
     if code < 0 and not child.killed:
-        name = signal_name(code)
-        _logger.error("The task's process was killed by %s, not by the SDK", name)
-        return IsolatedTaskError(
-            ErrorCode.WORKER_CRASHED, f"the task's process was killed by {name}"
+        return _no_result(
+            ErrorCode.WORKER_CRASHED, f"the task's process was killed by {signal_name(code)}"
         )
-    return IsolatedTaskError(
+    return _no_result(
         ErrorCode.INVALID_RESULT, f"the task's process exited (code {code}) without a result"
     )
 
 
-def _outcome(answer: dict[str, Any]) -> Any:
-    kind = answer.get("t")
-    if kind == "result":
-        return answer.get("value")
-    if kind == "invalid_result":
-        raise IsolatedTaskError(ErrorCode.INVALID_RESULT, str(answer.get("message")))
-    if kind == "crash":
-        raise IsolatedTaskError(ErrorCode.WORKER_CRASHED, str(answer.get("message")))
-    if kind == "error" and answer.get("kind") in ("fatal", "retryable"):
-        try:
-            if answer["kind"] == "fatal":
-                raise FatalError(answer["code"], answer["message"])
-            raise RetryableError(
-                answer["code"], answer["message"], retry_delay_s=answer.get("retry_delay_s")
-            )
-        except (FatalError, RetryableError):
-            raise
-        except Exception:  # a code or delay the rules refuse: as an in-process handler's would
-            raise RemoteHandlerError("async_task_api_worker.errors.TaskError", "") from None
-    if kind == "error":
-        raise RemoteHandlerError(str(answer.get("type")), str(answer.get("traceback", "")))
-    raise IsolatedTaskError(ErrorCode.INVALID_RESULT, "the task's process sent no valid result")
-
-
-def _progress_update(message: dict[str, Any]) -> ProgressUpdate:
-    """The update a child sent, checked again: the worker trusts no message from a child.
-
-    Raises:
-        ChannelError: not a fraction in [0, 1) with a JSON object or no payload.
-    """
-    fraction = message.get("fraction")
-    payload = message.get("payload")
-    if (
-        isinstance(fraction, bool)
-        or not isinstance(fraction, int | float)
-        or not 0.0 <= fraction < 1.0
-        or not (payload is None or isinstance(payload, dict))
-    ):
-        raise ChannelError("a progress message that breaks the rules")
-    return ProgressUpdate(float(fraction), payload)
-
-
-def _relay_log(message: dict[str, Any]) -> None:
+def _relay_log(message: LogMessage) -> None:
     """Log a record the child sent, as if logged here (the task fields are bound here)."""
-    name = str(message.get("name") or "root")
-    level = message.get("level", logging.INFO)
-    extra_sent = message.get("extra") or {}
-    if isinstance(level, bool) or not isinstance(level, int) or not isinstance(extra_sent, dict):
-        raise ChannelError("a log message that breaks the rules")
-    logger = logging.getLogger(name)
-    if not logger.isEnabledFor(level):
+    logger = logging.getLogger(message.name)
+    if not logger.isEnabledFor(message.level):
         return
-    extra = {
-        str(key): value
-        for key, value in extra_sent.items()
-        if key not in _RESERVED_LOG_KEYS and not str(key).startswith("_")
-    }
     record = logger.makeRecord(
-        name, level, "(task process)", 0, str(message.get("msg", "")), (), None
+        message.name, message.level, "(task process)", 0, message.msg, (), None
     )
-    for key, value in extra.items():
-        if key not in record.__dict__:
-            setattr(record, key, value)
-    if message.get("exc"):
-        record.exc_text = str(message["exc"])
+    for key, value in message.extra.items():
+        name = str(key)
+        if (
+            name not in _RESERVED_LOG_KEYS
+            and not name.startswith("_")
+            and name not in record.__dict__
+        ):
+            setattr(record, name, value)
+    if message.exc:
+        record.exc_text = message.exc
     logger.handle(record)

@@ -1,0 +1,103 @@
+"""How one handler call ended: a response, or a failure code and message.
+
+The task call (:mod:`async_task_api_worker.task_call`) makes a :data:`Conclusion`; every face
+reports it as it is. It crosses process boundaries (a process-isolated child's answer, a
+detached worker's result file) as one JSON shape, written and read here alone::
+
+    {"ok": true, "response": {...}}
+    {"ok": false, "error": {"code": "...", "message": "...", "retryable": false,
+                            "retry_delay_s": null}}
+
+The reader trusts nothing it reads: a shape, a code or a message that breaks the protocol's
+rules (``protocol/codes.py``) is a :class:`ValueError`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from async_task_api_worker.protocol.codes import ERROR_CODE_PATTERN, MAX_ERROR_MESSAGE_CHARS
+
+__all__ = ["Conclusion", "Failure", "Response", "conclusion_from_json", "conclusion_to_json"]
+
+
+@dataclass(frozen=True, slots=True)
+class Response:
+    """The handler returned; ``value`` is its output model dumped as a JSON object."""
+
+    value: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """The task failed with ``code`` and ``message`` (the failure report's ``error``).
+
+    Attributes:
+        code: a protocol error code (``^[A-Z][A-Z0-9_]{0,63}$``).
+        message: at most 1,024 characters (``MAX_ERROR_MESSAGE_CHARS``; longer is cut).
+        retryable: a ``RetryableError``: the delivery may be tried again while attempts remain.
+        retry_delay_s: the ``RetryableError``'s own delay, in seconds, or ``None``.
+    """
+
+    code: str
+    message: str
+    retryable: bool = False
+    retry_delay_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if len(self.message) > MAX_ERROR_MESSAGE_CHARS:
+            object.__setattr__(self, "message", self.message[:MAX_ERROR_MESSAGE_CHARS])
+
+
+Conclusion = Response | Failure
+
+
+def conclusion_to_json(conclusion: Conclusion) -> dict[str, Any]:
+    """``conclusion`` as the JSON object of the module's docstring."""
+    if isinstance(conclusion, Response):
+        return {"ok": True, "response": conclusion.value}
+    return {
+        "ok": False,
+        "error": {
+            "code": conclusion.code,
+            "message": conclusion.message,
+            "retryable": conclusion.retryable,
+            "retry_delay_s": conclusion.retry_delay_s,
+        },
+    }
+
+
+def conclusion_from_json(document: object) -> Conclusion:
+    """Read a conclusion back, checking every field.
+
+    Raises:
+        ValueError: not the shape of the module's docstring, or a code, message or delay that
+            breaks the protocol's rules.
+    """
+    if not isinstance(document, dict) or not isinstance(document.get("ok"), bool):
+        raise ValueError("not a conclusion (no boolean 'ok')")
+    if document["ok"]:
+        response = document.get("response")
+        if not isinstance(response, dict):
+            raise ValueError("a response that is not a JSON object")
+        return Response(response)
+    error = document.get("error")
+    if not isinstance(error, dict):
+        raise ValueError("a failure without its 'error' object")
+    code, message = error.get("code"), error.get("message")
+    retryable, delay = error.get("retryable", False), error.get("retry_delay_s")
+    if not isinstance(code, str) or not ERROR_CODE_PATTERN.fullmatch(code):
+        raise ValueError("a failure whose code breaks the code rule")
+    if not isinstance(message, str) or len(message) > MAX_ERROR_MESSAGE_CHARS:
+        raise ValueError("a failure whose message is not a string of at most 1,024 characters")
+    if not isinstance(retryable, bool):
+        raise ValueError("a failure whose 'retryable' is not a boolean")
+    if delay is not None and (
+        isinstance(delay, bool)
+        or not isinstance(delay, int | float)
+        or not (delay >= 0 and math.isfinite(delay))
+    ):
+        raise ValueError("a failure whose retry delay is not a finite number of seconds >= 0")
+    return Failure(code, message, retryable, None if delay is None else float(delay))

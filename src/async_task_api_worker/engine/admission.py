@@ -1,0 +1,163 @@
+"""Admission: whether a delivery may run, decided once for every face.
+
+A delivery is admitted when its body is a valid envelope for this worker's service, its attempt
+is within the delivery limit under the queue's counting rule, and its input passes the task's
+input model. Otherwise the admission says how the delivery is settled without running:
+
+- a poison body whose task id is lost: rejected, nobody to tell;
+- a poison body with a task id, or an envelope for another service: ``POISON_MESSAGE``;
+- an attempt past the limit (a crash loop): ``TASK_ABANDONED_AFTER_REDELIVERIES``;
+- input the model refuses: ``INVALID_INPUT``, naming the model's fields only.
+
+``run`` and ``dev`` (through the engine), the test harness and the ``tick`` command all admit
+here; the task call (:mod:`async_task_api_worker.task_call`) owns the input rule itself.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Final
+
+from pydantic import BaseModel
+
+from async_task_api_worker.conclusion import Failure
+from async_task_api_worker.definition import TaskDefinition
+from async_task_api_worker.errors import EnvelopeDecodeError
+from async_task_api_worker.ports import Delivery
+from async_task_api_worker.protocol.codes import ErrorCode, PoisonReason
+from async_task_api_worker.protocol.envelope import Envelope, decode_envelope
+from async_task_api_worker.task_call import TaskFields, validate_input
+
+__all__ = ["UNKNOWN_COUNT_LIMIT", "Admitted", "Attempt", "Refused", "admit", "attempt_of"]
+
+_logger = logging.getLogger("async_task_api_worker.engine")
+
+#: Attempts a task gets when the broker gives no delivery count: the first, and one retry.
+UNKNOWN_COUNT_LIMIT: Final = 2
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """A delivery's attempt under the queue's counting rule.
+
+    Attributes:
+        number: this delivery's attempt, from 1.
+        limit: the attempts the task gets.
+        count_known: whether the broker counts deliveries (a quorum queue); without a count
+            only "first delivery or not" is known.
+    """
+
+    number: int
+    limit: int
+    count_known: bool
+
+
+def attempt_of(delivery: Delivery, *, delivery_limit: int, count_known: bool) -> Attempt:
+    """The attempt of ``delivery``.
+
+    Args:
+        delivery: as the transport handed it out.
+        delivery_limit: ``WORKER_DELIVERY_LIMIT``.
+        count_known: whether the transport's broker counts deliveries
+            (``Transport.delivery_count_known``).
+
+    With a count, the attempt is the count plus one. Without one (a classic queue), a
+    redelivery is attempt 2 and the limit is at most :data:`UNKNOWN_COUNT_LIMIT`: a retry is
+    allowed once, and a crash loop cannot be detected.
+    """
+    if delivery.delivery_count is None or not count_known:
+        return Attempt(
+            2 if delivery.redelivered else 1, min(delivery_limit, UNKNOWN_COUNT_LIMIT), False
+        )
+    return Attempt(max(0, delivery.delivery_count) + 1, delivery_limit, True)
+
+
+@dataclass(frozen=True, slots=True)
+class Admitted:
+    """A delivery that may run: its envelope, its validated input and its task's fields."""
+
+    envelope: Envelope
+    task_input: BaseModel
+    fields: TaskFields
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """A delivery that is settled without running.
+
+    Attributes:
+        task_id: the task id, when the body gave a valid one.
+        client_id: the client id, when the body gave a valid one.
+        failure: the failure to report; ``None`` when there is nobody to report to (the
+            delivery is rejected).
+        poison_reason: why the body was refused, for a poison message
+            (``protocol.codes.PoisonReason``); ``None`` otherwise.
+    """
+
+    task_id: str | None
+    client_id: str | None
+    failure: Failure | None
+    poison_reason: str | None = None
+
+
+def admit(
+    delivery: Delivery,
+    attempt: Attempt,
+    *,
+    task: TaskDefinition,
+    service: str,
+    max_body_bytes: int,
+) -> Admitted | Refused:
+    """Decide whether ``delivery`` runs (see the module); a poison message is logged here.
+
+    Args:
+        delivery: the delivery.
+        attempt: its attempt (:func:`attempt_of`).
+        task: the worker's task (its input model).
+        service: the worker's service name; an envelope for another one is poison.
+        max_body_bytes: ``WORKER_MAX_MESSAGE_BYTES``.
+    """
+    try:
+        envelope = decode_envelope(delivery.body, max_body_bytes=max_body_bytes)
+        if envelope.service != service:
+            raise EnvelopeDecodeError(
+                PoisonReason.WRONG_SERVICE,
+                f"envelope is for another service than this worker's ({service})",
+                task_id=envelope.task_id,
+                client_id=envelope.client_id,
+            )
+    except EnvelopeDecodeError as exc:
+        _logger.warning(
+            "Poison message: %s",
+            exc,
+            extra={"task_id": exc.task_id, "poison_reason": exc.reason, "attempt": attempt.number},
+        )
+        failure = (
+            None
+            if exc.task_id is None
+            else Failure(ErrorCode.POISON_MESSAGE, f"the message was refused: {exc}")
+        )
+        return Refused(exc.task_id, exc.client_id, failure, poison_reason=exc.reason)
+    if attempt.number > attempt.limit:
+        return Refused(
+            envelope.task_id,
+            envelope.client_id,
+            Failure(
+                ErrorCode.TASK_ABANDONED_AFTER_REDELIVERIES,
+                f"the task was delivered {attempt.number} times, more than its limit of "
+                f"{attempt.limit}; it was not run again",
+            ),
+        )
+    task_input = validate_input(task, envelope.input)
+    if isinstance(task_input, Failure):
+        return Refused(envelope.task_id, envelope.client_id, task_input)
+    fields = TaskFields(
+        task_id=envelope.task_id,
+        client_id=envelope.client_id,
+        service=service,
+        attempt=attempt.number,
+        delivery_limit=attempt.limit,
+        input_refs=envelope.input_refs,
+    )
+    return Admitted(envelope, task_input, fields)
