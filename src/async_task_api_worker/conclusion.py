@@ -20,7 +20,15 @@ from typing import Any
 
 from async_task_api_worker.protocol.codes import ERROR_CODE_PATTERN, MAX_ERROR_MESSAGE_CHARS
 
-__all__ = ["Conclusion", "Failure", "Response", "conclusion_from_json", "conclusion_to_json"]
+__all__ = [
+    "Conclusion",
+    "ExecutionResult",
+    "Failure",
+    "HandedOff",
+    "Response",
+    "conclusion_from_json",
+    "conclusion_to_json",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +60,19 @@ class Failure:
 
 
 Conclusion = Response | Failure
+
+
+@dataclass(frozen=True, slots=True)
+class HandedOff:
+    """The call was handed to a worker that outlives the delivery (a detached worker).
+
+    Its terminal report follows later, from whoever collects that worker's result (the
+    ``tick`` command's sweep); the delivery is acked now, its hand-off being durable.
+    """
+
+
+#: What an executor's ``execute`` returns: a conclusion, or a durable hand-off.
+ExecutionResult = Conclusion | HandedOff
 
 
 def conclusion_to_json(conclusion: Conclusion) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel
 
-from async_task_api_worker.conclusion import Conclusion
+from async_task_api_worker.conclusion import ExecutionResult
 from async_task_api_worker.context import SyncTaskContext, TaskContext
 from async_task_api_worker.protocol.reports import EncodedReport
 
@@ -126,6 +126,8 @@ class Outcome(StrEnum):
     SHUTDOWN_REQUEUED = "shutdown_requeued"
     CANCELLED = "cancelled"
     ENGINE_ERROR = "engine_error"
+    DETACHED = "detached"
+    """Handed to a detached worker (the ``tick`` command); its report comes from a sweep."""
 
 
 class Action(StrEnum):
@@ -297,8 +299,13 @@ class Executor(Protocol):
         """Get ready before the first task (start a fork server); a failure is logged."""
         ...
 
-    def execute(self, request: ExecutionRequest) -> Awaitable[Conclusion]:
-        """Run ``request.handler(request.task_input, request.context)`` and conclude it."""
+    def execute(self, request: ExecutionRequest) -> Awaitable[ExecutionResult]:
+        """Run ``request.handler(request.task_input, request.context)`` and conclude it.
+
+        Returns:
+            The call's conclusion; or ``HandedOff`` from an executor whose workers outlive the
+            delivery (the ``tick`` command's detached executor).
+        """
         ...
 
     async def aclose(self) -> None:

@@ -57,6 +57,7 @@ __all__ = [
     "conclude_error",
     "conclude_value",
     "context_for",
+    "fields_of",
     "invalid_input",
     "timed_out",
     "unreportable",
@@ -122,6 +123,18 @@ class TaskFields:
             )
         except (KeyError, TypeError, ValidationError) as exc:
             raise ValueError(f"not the fields of a task ({type(exc).__name__})") from exc
+
+
+def fields_of(context: TaskContext | SyncTaskContext) -> TaskFields:
+    """The fields a context was built from (to hand the call to another process)."""
+    return TaskFields(
+        task_id=context.task_id,
+        client_id=context.client_id,
+        service=context.service,
+        attempt=context.attempt,
+        delivery_limit=context.delivery_limit,
+        input_refs=context.input_refs,
+    )
 
 
 def context_for(

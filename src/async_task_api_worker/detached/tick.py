@@ -1,15 +1,23 @@
-"""One budgeted tick on RabbitMQ: sweep, then hand new deliveries to detached workers.
+"""One budgeted tick on RabbitMQ: a face of the engine whose tasks outlive their delivery.
 
-The ``tick`` command (seed 002 applied to the worker's own queue):
+The ``tick`` command (seed 002 applied to the worker's own queue) is the engine with a transport
+that takes one delivery at a time (prefetch 1: nothing unstarted is held) and the detached
+executor (docs/architecture.md, "The tick"):
 
 1. connect (at most a third of the budget, and 10 s);
-2. **sweep first, always**: every finished result is published as the task's terminal report,
-   every marker past its deadline as a ``WORKER_DIED`` or ``TASK_TIMEOUT`` failure;
-3. take up to ``max_new`` deliveries, one at a time (prefetch 1: nothing unstarted is held):
-   check the envelope as the engine does, publish ``started``, write the marker and spawn the
-   detached worker, and only then ack (the marker is the durable receipt);
+2. **sweep first, always**: every finished result is reported as its task's terminal report,
+   every marker past its deadline as a ``WORKER_DIED`` or ``TASK_TIMEOUT`` failure, through the
+   engine's reporting (``Engine.report_result``), with a decision line each;
+3. take up to ``max_new`` deliveries through ``Engine.handle``: the same admission, ``started``
+   report and settlement as ``run``; the executor writes the marker and spawns the detached
+   worker, and the delivery is acked only then (the marker is the durable receipt,
+   ``outcome=detached``);
 4. stop taking work once less than ``margin_s`` of the budget is left, give back what the broker
    pushed meanwhile, close (at most 5 s).
+
+A report that cannot get out is held for a short while only (:func:`hold_for`): the tick's
+budget is short. A tick that could not report or settle something says so on one line and
+ends with :attr:`TickReport.ok` false (the command exits 1).
 """
 
 from __future__ import annotations
@@ -17,32 +25,31 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final
 
-from pydantic import ValidationError
-
+from async_task_api_worker.conclusion import (
+    Conclusion,
+    ExecutionResult,
+    Failure,
+    HandedOff,
+    conclusion_from_json,
+)
 from async_task_api_worker.definition import Worker
 from async_task_api_worker.detached.spawn import spawn_detached
-from async_task_api_worker.detached.state import MARKER_SUFFIX, RESULT_SUFFIX, write_atomically
+from async_task_api_worker.detached.state import DONE_SUFFIX, MARKER_SUFFIX, RESULT_SUFFIX
 from async_task_api_worker.detached.sweep import SweepReport, Undeliverable, sweep
-from async_task_api_worker.engine.reporting import DeliveryReporter
-from async_task_api_worker.errors import (
-    BrokerUnavailableError,
-    EnvelopeDecodeError,
-    ReportEncodeError,
-)
-from async_task_api_worker.ports import Delivery
-from async_task_api_worker.protocol.codes import ErrorCode, PoisonReason
-from async_task_api_worker.protocol.envelope import decode_envelope, describe_validation_error
+from async_task_api_worker.engine.engine import Engine
+from async_task_api_worker.errors import BrokerUnavailableError
+from async_task_api_worker.ports import Delivery, ExecutionRequest, Observer, Outcome, Settlement
+from async_task_api_worker.protocol.codes import ErrorCode
 from async_task_api_worker.settings import WorkerSettings
+from async_task_api_worker.task_call import TaskFields, fields_of
 from async_task_api_worker.transports.rabbitmq import RabbitMQTransport
 
-__all__ = ["TickReport", "margin_for", "run_tick"]
+__all__ = ["DetachedExecutor", "TickReport", "hold_for", "margin_for", "run_tick"]
 
 _logger = logging.getLogger("async_task_api_worker.detached")
 
@@ -50,10 +57,12 @@ _logger = logging.getLogger("async_task_api_worker.detached")
 IDLE_WAIT_S: Final = 1.0
 #: Seconds closing the connection may take.
 CLOSE_TIMEOUT_S: Final = 5.0
-#: A task whose terminal report went out leaves ``<task id>.done`` for this long: a redelivery
-#: of its input (a tick killed before its ack) is then acked, not run again.
-DONE_SUFFIX: Final = ".done"
-DONE_RETENTION_S: Final = 7 * 24 * 3600.0
+#: The longest a tick holds a report the broker does not take, in seconds.
+MAX_TICK_HOLD_S: Final = 10.0
+#: The outcomes of a delivery that went as it should (anything else makes the tick fail).
+_SETTLED_WELL: Final = frozenset(
+    {Outcome.SUCCESS, Outcome.FAILURE, Outcome.POISON, Outcome.DETACHED}
+)
 
 
 def margin_for(budget_s: float) -> float:
@@ -64,164 +73,132 @@ def margin_for(budget_s: float) -> float:
     return max(6.0, 0.25 * budget_s)
 
 
+def hold_for(margin_s: float) -> float:
+    """How long a tick holds a report the broker does not take: 10 s, at most half the margin."""
+    return min(MAX_TICK_HOLD_S, margin_s / 2)
+
+
 @dataclass
 class TickReport:
-    """What a tick did."""
+    """What a tick did.
+
+    Attributes:
+        swept: what the sweep delivered, expired and moved aside.
+        spawned: task ids handed to a detached worker.
+        concluded: task ids concluded at once (a refused delivery: poison, invalid input...).
+        problems: one line for each report or settle that did not go through (the tick is
+            then not :attr:`ok`).
+    """
 
     swept: SweepReport = field(default_factory=SweepReport)
     spawned: list[str] = field(default_factory=list)
     concluded: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """Whether every report and settle of the tick went through."""
+        return not self.problems
+
+    def record(self, settlement: Settlement) -> None:
+        """Count one delivery's settlement."""
+        if not settlement.settled or settlement.outcome not in _SETTLED_WELL:
+            self.problems.append(
+                f"task {settlement.task_id or '(unknown)'}: outcome={settlement.outcome.value} "
+                f"settled={str(settlement.settled).lower()}"
+            )
+        elif settlement.outcome is Outcome.DETACHED:
+            if settlement.reason is None and settlement.task_id:
+                self.spawned.append(settlement.task_id)
+        elif settlement.task_id:
+            self.concluded.append(settlement.task_id)
 
 
-class _Tick:
-    def __init__(
-        self, worker: Worker, target: str, settings: WorkerSettings, state_dir: Path
-    ) -> None:
-        self.worker = worker
-        self.target = target
-        self.settings = settings
-        self.state_dir = state_dir
-        self.task = worker.task_definition
-        self.timeout_s = settings.task_timeout_s(self.task.timeout_s)
-        self.report = TickReport()
-        self.transport = RabbitMQTransport(
-            urls=settings.broker_urls(),
-            in_queue=settings.in_queue(worker.name),
-            out_queue=settings.out_queue(worker.name),
-            prefetch=1,
-            service=worker.name,
-            heartbeat_s=settings.broker_heartbeat_s,
-            connect_timeout_s=10.0,
-        )
+class DetachedExecutor:
+    """Hands each task to a detached worker (seed 002): the tick's executor.
 
-    def reporter(self, delivery: Delivery, attempt: int, limit: int) -> DeliveryReporter:
-        return DeliveryReporter(
-            delivery=delivery,
-            attempt=attempt,
-            limit=limit,
-            count_known=delivery.delivery_count is not None,
-            service=self.worker.name,
-            transport=self.transport,
-            wall_clock=lambda: datetime.now(UTC),
-            notify=lambda event: None,
-            monotonic=time.monotonic,
-            # A tick's budget is short: a report is held for at most 10 s, never for as long
-            # as the broker's consumer timeout would allow.
-            hold_until=time.monotonic() + min(10.0, self.settings.worker_retry_backoff_max_s),
-            max_report_bytes=self.settings.worker_max_report_bytes,
-        )
+    ``execute`` writes the task's input and in-flight marker in ``state_dir`` and starts a
+    detached worker running ``target``'s task through the task call, then returns
+    :class:`~async_task_api_worker.conclusion.HandedOff`: the worker's result is reported by a
+    later sweep. The marker's ``meta`` holds the task's fields, for that report.
 
-    async def publish_result(self, result: dict[str, Any]) -> None:
-        """Publish a swept result as its task's terminal report.
+    Args:
+        state_dir: the state directory.
+        target: ``module:worker`` of the worker (the detached worker loads it again).
+    """
+
+    def __init__(self, state_dir: Path, target: str) -> None:
+        self._state_dir = state_dir
+        self._target = target
+
+    async def start(self) -> None:
+        """Nothing to prepare."""
+
+    async def aclose(self) -> None:
+        """Nothing to release: detached workers outlive the tick on purpose."""
+
+    async def execute(self, request: ExecutionRequest) -> ExecutionResult:
+        """Write the marker and spawn the worker (in a thread: it forks and fsyncs).
 
         Raises:
-            RuntimeError: the broker did not confirm it (the sweep keeps the result).
+            OSError: the state files could not be written (nothing was started).
         """
-        meta = result.get("meta") or {}
-        try:
-            attempt, limit = int(meta["attempt"]), int(meta["delivery_limit"])
-            task_id, client_id = str(meta["task_id"]), str(meta["client_id"])
-        except (KeyError, TypeError, ValueError) as exc:
-            raise Undeliverable(f"no task to report to ({type(exc).__name__})") from exc
-        run = self.reporter(Delivery(body=b""), attempt, limit)
-        run.task_id, run.client_id, run.seq = task_id, client_id, 1
-        if result.get("ok"):
-            try:
-                published = await run.publish_success(dict(result.get("response") or {}))
-            except ReportEncodeError as exc:
-                code = ErrorCode.RESULT_TOO_LARGE if exc.too_large else ErrorCode.INVALID_RESULT
-                published = await run.publish_failure(code, f"the result cannot be reported: {exc}")
-        else:
-            error = result.get("error") or {}
-            published = await run.publish_failure(
-                str(error.get("code") or ErrorCode.INTERNAL_ERROR), str(error.get("message", ""))
-            )
-        if not published:
-            raise RuntimeError("the broker did not confirm the report")
-        write_atomically(self.state_dir / f"{task_id}{DONE_SUFFIX}", b"")
-
-    async def take(self, delivery: Delivery) -> None:
-        limit = self.settings.worker_delivery_limit
-        attempt = (delivery.delivery_count or 0) + 1
-        run = self.reporter(delivery, attempt, limit)
-        try:
-            envelope = decode_envelope(
-                delivery.body, max_body_bytes=self.settings.worker_max_message_bytes
-            )
-            if envelope.service != self.worker.name:
-                raise EnvelopeDecodeError(
-                    PoisonReason.WRONG_SERVICE,
-                    "envelope is for another service",
-                    task_id=envelope.task_id,
-                    client_id=envelope.client_id,
-                )
-        except EnvelopeDecodeError as exc:
-            _logger.warning("Poison message: %s", exc, extra={"task_id": exc.task_id})
-            if exc.task_id is None:
-                await self.transport.reject(delivery)
-                return
-            run.task_id, run.client_id = exc.task_id, exc.client_id
-            await self.conclude(run, delivery, ErrorCode.POISON_MESSAGE, f"refused: {exc}")
-            return
-        run.task_id, run.client_id = envelope.task_id, envelope.client_id
-        task_id = envelope.task_id
-        if any(
-            (self.state_dir / f"{task_id}{suffix}").exists()
-            for suffix in (MARKER_SUFFIX, RESULT_SUFFIX, DONE_SUFFIX)
-        ):
-            # A redelivery of work already handed out (its marker is the receipt) or done.
-            await self.transport.ack(delivery)
-            return
-        if attempt > limit:
-            await self.conclude(
-                run, delivery, ErrorCode.TASK_ABANDONED_AFTER_REDELIVERIES, "past the limit"
-            )
-            return
-        try:
-            self.task.input_model.model_validate(envelope.input)
-        except ValidationError as exc:
-            why = f"invalid input: {describe_validation_error(exc)}"
-            await self.conclude(run, delivery, ErrorCode.INVALID_INPUT, why)
-            return
-        if not await run.publish_started():
-            await self.transport.requeue(delivery, count_attempt=False)
-            return
-        meta = {
-            "task_id": task_id,
-            "client_id": envelope.client_id,
-            "attempt": attempt,
-            "delivery_limit": limit,
-        }
-        work = {
-            "input": envelope.input,
-            "context": {
-                **meta,
-                "service": self.worker.name,
-                "input_refs": [ref.model_dump(mode="json") for ref in envelope.input_refs],
-            },
-        }
+        fields = fields_of(request.context)
+        work = {"input": dict(request.raw_input), "context": fields.to_json()}
         await asyncio.to_thread(
             spawn_detached,
-            self.state_dir,
-            task_id,
+            self._state_dir,
+            fields.task_id,
             work,
-            handler=self.target,
-            deadline_s=self.timeout_s,
-            meta=meta,
+            handler=self._target,
+            deadline_s=request.timeout_s,
+            meta=_meta(fields),
             sdk_worker=True,
         )
-        await self.transport.ack(delivery)  # after the marker: it is the durable receipt
-        self.report.spawned.append(task_id)
+        return HandedOff()
 
-    async def conclude(
-        self, run: DeliveryReporter, delivery: Delivery, code: str, why: str
-    ) -> None:
-        if await run.publish_failure(code, why):
-            await self.transport.ack(delivery)
-            if run.task_id:
-                self.report.concluded.append(run.task_id)
-        else:
-            await self.transport.requeue(delivery, count_attempt=False)
+    def handed_out(self, task_id: str) -> bool:
+        """Whether ``task_id`` was handed out already (its marker, result or ``.done`` exists)."""
+        return any(
+            (self._state_dir / f"{task_id}{suffix}").exists()
+            for suffix in (MARKER_SUFFIX, RESULT_SUFFIX, DONE_SUFFIX)
+        )
+
+
+def _meta(fields: TaskFields) -> dict[str, Any]:
+    document = fields.to_json()
+    del document["input_refs"]
+    return document
+
+
+class _ResultNotReported(Exception):
+    """The broker did not take a swept result's report: the sweep keeps the file and stops."""
+
+
+def _conclusion_of(result: dict[str, Any]) -> Conclusion:
+    try:
+        return conclusion_from_json(result)
+    except ValueError as exc:
+        return Failure(ErrorCode.INVALID_RESULT, f"the detached worker's result is invalid: {exc}")
+
+
+async def _report_swept(
+    engine: Engine, service: str, correlation_id: str, result: dict[str, Any], reason: str
+) -> Settlement:
+    meta = {"service": service, "task_id": correlation_id, **(result.get("meta") or {})}
+    client_id = meta.get("client_id")
+    try:
+        attempt, limit = int(meta.get("attempt", 1)), int(meta.get("delivery_limit", 1))
+    except (TypeError, ValueError) as exc:
+        raise Undeliverable(f"meta that cannot be read ({type(exc).__name__})") from exc
+    return await engine.report_result(
+        _conclusion_of(result),
+        task_id=str(meta["task_id"]),
+        client_id=None if client_id is None else str(client_id),
+        attempt=attempt,
+        delivery_limit=limit,
+        reason=reason,
+    )
 
 
 async def run_tick(
@@ -233,8 +210,19 @@ async def run_tick(
     budget_s: float,
     max_new: int = 1,
     margin_s: float | None = None,
+    observers: Iterable[Observer] = (),
 ) -> TickReport:
     """Run one tick (see the module) and return what it did, within ``budget_s`` seconds.
+
+    Args:
+        worker: the worker whose task the detached workers run.
+        target: its ``module:worker`` reference (for the detached workers).
+        settings: the worker's settings.
+        state_dir: the state directory.
+        budget_s: the tick's budget, in seconds.
+        max_new: the most deliveries to take.
+        margin_s: the part of the budget kept free at the end (default :func:`margin_for`).
+        observers: told of the engine's events (metrics), as in ``run``.
 
     Raises:
         BrokerRefusedError, BrokerUnavailableError: the broker could not be used.
@@ -242,44 +230,78 @@ async def run_tick(
     loop = asyncio.get_running_loop()
     ends = loop.time() + budget_s
     keep_free_s = margin_for(budget_s) if margin_s is None else margin_s
-    tick = _Tick(worker, target, settings, Path(state_dir))
+    state_dir = Path(state_dir)
+    transport = RabbitMQTransport(
+        urls=settings.broker_urls(),
+        in_queue=settings.in_queue(worker.name),
+        out_queue=settings.out_queue(worker.name),
+        prefetch=1,
+        service=worker.name,
+        heartbeat_s=settings.broker_heartbeat_s,
+        connect_timeout_s=10.0,
+    )
+    executor = DetachedExecutor(state_dir, target)
+    hold_s = hold_for(keep_free_s)
+    engine = Engine(
+        worker,
+        settings,
+        transport,
+        executor,
+        observers=observers,
+        max_hold_s=hold_s,
+        handed_out=executor.handed_out,
+    )
+    report = TickReport()
     connect_s = max(1.0, min(10.0, budget_s / 3))
     try:
-        await asyncio.wait_for(tick.transport.connect(), timeout=connect_s)
+        await asyncio.wait_for(transport.connect(), timeout=connect_s)
     except TimeoutError:
         raise BrokerUnavailableError(
             f"the broker did not answer within {connect_s:g} s (a third of the budget, 10 s "
             "at most)"
         ) from None
     try:
-
-        def send(correlation_id: str, result: dict[str, Any]) -> None:
-            future = asyncio.run_coroutine_threadsafe(tick.publish_result(result), loop)
-            future.result(timeout=30)
-
-        tick.report.swept = await asyncio.to_thread(sweep, tick.state_dir, send)
-        _prune_done(tick.state_dir)
-        deliveries = tick.transport.deliveries()
-        taken = 0
-        while taken < max_new and (left := ends - keep_free_s - loop.time()) > 0:
-            delivery = await _next(deliveries, min(IDLE_WAIT_S, left))
-            if delivery is None:
-                break
-            taken += 1
-            await tick.take(delivery)
-        await tick.transport.stop_consuming()
+        report.swept = await _sweep(engine, worker.name, state_dir, hold_s, report)
+        if report.ok:
+            deliveries = transport.deliveries()
+            taken = 0
+            while taken < max_new and (left := ends - keep_free_s - loop.time()) > 0:
+                delivery = await _next(deliveries, min(IDLE_WAIT_S, left))
+                if delivery is None:
+                    break
+                taken += 1
+                report.record(await engine.handle(delivery))
+        await transport.stop_consuming()
     finally:
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(tick.transport.close(), timeout=CLOSE_TIMEOUT_S)
-    return tick.report
+            await asyncio.wait_for(transport.close(), timeout=CLOSE_TIMEOUT_S)
+    for problem in report.problems:
+        _logger.error("The tick did not report or settle everything: %s", problem)
+    return report
 
 
-def _prune_done(state_dir: Path) -> None:
-    now = time.time()
-    for path in state_dir.glob(f"*{DONE_SUFFIX}"):
-        with contextlib.suppress(OSError):
-            if now - path.stat().st_mtime > DONE_RETENTION_S:
-                path.unlink()
+async def _sweep(
+    engine: Engine, service: str, state_dir: Path, hold_s: float, report: TickReport
+) -> SweepReport:
+    """Sweep in a thread; each result goes out through the engine on this loop."""
+    loop = asyncio.get_running_loop()
+
+    def send(correlation_id: str, result: dict[str, Any]) -> None:
+        reason = "swept_expiry" if result.get("expired") else "swept_result"
+        future = asyncio.run_coroutine_threadsafe(
+            _report_swept(engine, service, correlation_id, result, reason), loop
+        )
+        settlement = future.result(timeout=hold_s + CLOSE_TIMEOUT_S)
+        if settlement.outcome not in _SETTLED_WELL:
+            report.record(settlement)
+            raise _ResultNotReported(correlation_id)
+
+    # A marker that cannot be read is given the task timeout, from its last write, to finish.
+    timeout_s = engine.task_timeout_s
+    try:
+        return await asyncio.to_thread(sweep, state_dir, send, fallback_deadline_s=timeout_s)
+    except _ResultNotReported:
+        return SweepReport()
 
 
 async def _next(deliveries: AsyncIterator[Delivery], wait_s: float) -> Delivery | None:

@@ -22,7 +22,7 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
-from async_task_api_worker.conclusion import Conclusion, Failure
+from async_task_api_worker.conclusion import Conclusion, Failure, HandedOff
 from async_task_api_worker.context import ProgressDropReason
 from async_task_api_worker.definition import Worker
 from async_task_api_worker.engine.admission import (
@@ -96,6 +96,12 @@ class Engine:
         monotonic: monotonic clock, in seconds (durations, the progress throttle).
         wall_clock: the current UTC time (report timestamps).
         jitter: returns a factor in [0.5, 1] applied to each exponential retry backoff.
+        max_hold_s: the longest a report may hold its delivery, in seconds; default: until the
+            broker could time the delivery out (``delivery_hold_s``). A face with a budget (the
+            ``tick`` command) holds for less.
+        handed_out: for a face whose tasks outlive their delivery (the ``tick`` command):
+            whether a task id was handed out already, so that its redelivery is acked, not run
+            again (``outcome=detached``, ``reason=already_handed_out``).
 
     Raises:
         NoTaskError: the worker has no task.
@@ -112,6 +118,8 @@ class Engine:
         monotonic: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         jitter: Callable[[], float] = lambda: random.uniform(0.5, 1.0),  # noqa: S311 - not crypto
+        max_hold_s: float | None = None,
+        handed_out: Callable[[str], bool] | None = None,
     ) -> None:
         self._task = worker.task_definition
         self._service = worker.name
@@ -123,6 +131,10 @@ class Engine:
         self._wall_clock = wall_clock
         self._jitter = jitter
         self._timeout_s = settings.task_timeout_s(self._task.timeout_s)
+        self._hold_s = settings.delivery_hold_s()
+        if max_hold_s is not None:
+            self._hold_s = min(self._hold_s, max_hold_s)
+        self._handed_out = handed_out
         self._never = StopSignal()
         self._settler = Settler(transport, self._service, self._notify, monotonic)
         self._settling: set[asyncio.Future[Settlement]] = set()
@@ -175,6 +187,46 @@ class Engine:
         """
         return await self._settle_shielded(run, verdict, arrived_at)
 
+    async def report_result(
+        self,
+        conclusion: Conclusion,
+        *,
+        task_id: str,
+        client_id: str | None,
+        attempt: int,
+        delivery_limit: int,
+        reason: str,
+    ) -> Settlement:
+        """Report the conclusion of a task whose delivery was settled already, and log it.
+
+        For a face whose tasks outlive their delivery: the ``tick`` command reports each result
+        and each expiry its sweep finds here. The terminal report goes out as for a delivery
+        (held, retried, within the engine's hold), and the decision line and the metrics follow,
+        with ``action=none`` (there is no delivery left to settle) and ``reason``.
+
+        Args:
+            conclusion: the task's conclusion.
+            task_id: the task's id.
+            client_id: its client's id (``None`` when it is lost: an unreadable marker).
+            attempt: the attempt it was handed out at.
+            delivery_limit: the delivery limit it was handed out with.
+            reason: why the line is written (``swept_result``, ``swept_expiry``).
+
+        Returns:
+            The settlement: ``success`` or ``failure`` once the report is confirmed,
+            ``publish_failed`` when it could not get out.
+        """
+        arrived_at = self._monotonic()
+        self._notify(_RECEIVED)
+        run = self.reporter_for(Delivery(body=b""), arrived_at)
+        run.task_id, run.client_id = task_id, client_id
+        run.attempt, run.limit = attempt, delivery_limit
+        run.seq = 1  # after the ``started`` report of the hand-off
+        verdict = await report_conclusion(run, conclusion)
+        return await self._settle_shielded(
+            run, replace(verdict, action=Action.NONE, reason=reason), arrived_at
+        )
+
     async def _settle_shielded(
         self, run: DeliveryReporter, verdict: Verdict, arrived_at: float
     ) -> Settlement:
@@ -213,7 +265,7 @@ class Engine:
             monotonic=self._monotonic,
             # A report that cannot get out holds its delivery until the broker could time it
             # out: giving it back sooner would count an attempt against a task not at fault.
-            hold_until=arrived_at + self._settings.delivery_hold_s(),
+            hold_until=arrived_at + self._hold_s,
             max_report_bytes=self._settings.worker_max_report_bytes,
             abort=(stop or self._never).aborted,
         )
@@ -235,6 +287,8 @@ class Engine:
         admission = self.admit(run)
         if isinstance(admission, Refused):
             return await report_refusal(run, admission)
+        if self._handed_out is not None and self._handed_out(admission.fields.task_id):
+            return Verdict(Outcome.DETACHED, Action.ACK, reason="already_handed_out")
         if not await run.publish_started():
             return give_back_unreported(run)
         self._notify(TaskStarted(admission.fields.task_id))
@@ -276,6 +330,8 @@ class Engine:
             if result.outcome is Outcome.CANCELLED:
                 return Verdict(Outcome.CANCELLED, Action.NONE)
             return Verdict(Outcome.SHUTDOWN_REQUEUED, Action.NACK_REQUEUE)
+        if isinstance(result, HandedOff):
+            return Verdict(Outcome.DETACHED, Action.ACK)  # the hand-off is the durable receipt
         return await self._conclude(run, result, stop)
 
     async def _conclude(

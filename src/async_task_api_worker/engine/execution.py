@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from async_task_api_worker.conclusion import Conclusion
+from async_task_api_worker.conclusion import ExecutionResult
 from async_task_api_worker.context import bind_task_fields
 from async_task_api_worker.ports import CancelToken, ExecutionRequest, Executor, Outcome
 from async_task_api_worker.task_call import conclude_error
@@ -44,7 +44,7 @@ async def execute(
     task_fields: Mapping[str, Any],
     stop: StopSignal,
     delivery_cancel: CancelToken,
-) -> Conclusion | Stopped:
+) -> ExecutionResult | Stopped:
     """Run ``request`` through ``executor`` and say how it ended.
 
     The call runs as its own task, so that a shutdown abort or a delivery cancel stops the

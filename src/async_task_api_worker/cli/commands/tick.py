@@ -53,7 +53,7 @@ def _run_bounded(work: Coroutine[Any, Any, T], limit_s: float) -> T:
 
 
 def tick_command(target: str, *, state_dir: str, budget_s: float, max_new: int) -> int:
-    """Run one tick; 0 when done, 1 if the broker could not be used.
+    """Run one tick; 0 when done, 1 if the broker could not be used or did not take everything.
 
     Raises:
         ConfigError: the target, a setting or an argument is wrong (the caller exits 2).
@@ -81,4 +81,11 @@ def tick_command(target: str, *, state_dir: str, budget_s: float, max_new: int) 
         f"{len(report.concluded)} concluded at once",
         file=sys.stderr,
     )
+    if not report.ok:
+        print(
+            f"async-task-api-worker: the tick could not report or settle "
+            f"{len(report.problems)} task(s); a later tick tries again",
+            file=sys.stderr,
+        )
+        return ExitCode.FAILURE
     return ExitCode.OK

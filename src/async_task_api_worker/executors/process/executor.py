@@ -48,7 +48,7 @@ from async_task_api_worker.executors.process.group import (
 from async_task_api_worker.executors.process.output import OutputTail
 from async_task_api_worker.ports import ExecutionRequest
 from async_task_api_worker.protocol.codes import ErrorCode
-from async_task_api_worker.task_call import TaskFields, conclude_error, timed_out
+from async_task_api_worker.task_call import conclude_error, fields_of, timed_out
 
 __all__ = ["EXIT_GRACE_S", "ProcessExecutor"]
 
@@ -185,18 +185,9 @@ class ProcessExecutor:
         return child
 
     def _request(self, request: ExecutionRequest) -> TaskRequest:
-        context = request.context
-        fields = TaskFields(
-            task_id=context.task_id,
-            client_id=context.client_id,
-            service=context.service,
-            attempt=context.attempt,
-            delivery_limit=context.delivery_limit,
-            input_refs=context.input_refs,
-        )
         return TaskRequest(
             raw_input=dict(request.raw_input),
-            fields=fields,
+            fields=fields_of(request.context),
             memory_limit_bytes=self._task.memory_limit_bytes,
             cpu_limit_s=self._task.cpu_limit_s,
             log_level=logging.getLogger().getEffectiveLevel(),
