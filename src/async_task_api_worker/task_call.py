@@ -30,7 +30,9 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from async_task_api_worker.conclusion import Conclusion, Failure, Response
 from async_task_api_worker.context import (
+    ProgressDropReason,
     ProgressSink,
+    ProgressUpdate,
     SyncTaskContext,
     TaskContext,
     bind_task_fields,
@@ -52,6 +54,7 @@ from async_task_api_worker.protocol.envelope import (
 )
 
 __all__ = [
+    "DISCARD_PROGRESS",
     "TaskFields",
     "call_here",
     "conclude_error",
@@ -65,6 +68,20 @@ __all__ = [
 ]
 
 _logger = logging.getLogger("async_task_api_worker.engine")
+
+
+class _DiscardProgress:
+    """The sink of a call with nobody to tell its progress to (a detached worker)."""
+
+    def offer(self, update: ProgressUpdate) -> None:
+        return None
+
+    def drop(self, reason: ProgressDropReason) -> None:
+        return None
+
+
+#: Progress updates of a call with nobody to tell them to are dropped here.
+DISCARD_PROGRESS: ProgressSink = _DiscardProgress()
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,7 +23,14 @@ from pydantic import BaseModel, ValidationError
 
 from async_task_api_worker.sfn.request import ErrorOutput, WorkerRequest, describe_validation_error
 
-__all__ = ["REQUEST_ENV", "REQUEST_FILE_ENV", "run_handler"]
+__all__ = [
+    "REQUEST_ENV",
+    "REQUEST_FILE_ENV",
+    "read_request",
+    "result_channel",
+    "run_handler",
+    "write_and_exit",
+]
 
 #: The environment variable that holds the raw request.
 REQUEST_ENV: Final = "WORKER_REQUEST"
@@ -31,6 +38,16 @@ REQUEST_ENV: Final = "WORKER_REQUEST"
 REQUEST_FILE_ENV: Final = "WORKER_REQUEST_FILE"
 
 RequestT = TypeVar("RequestT", bound=WorkerRequest)
+
+
+def read_request() -> str:
+    """The raw request: the private file ``WORKER_REQUEST_FILE`` names, else ``WORKER_REQUEST``.
+
+    Raises:
+        KeyError: neither is set.
+        OSError: the file cannot be read.
+    """
+    return _read_request()
 
 
 def _read_request() -> str:
@@ -57,6 +74,26 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[written:]
 
 
+def result_channel() -> int:
+    """Keep the real stdout for the result and point file descriptor 1 at stderr.
+
+    Returns:
+        A duplicate of the real stdout: only :func:`write_and_exit` writes there.
+    """
+    sys.stdout.flush()
+    result_fd = os.dup(1)
+    os.dup2(2, 1)  # the handler's own output goes to stderr from here on
+    return result_fd
+
+
+def write_and_exit(result_fd: int, data: bytes, code: int) -> NoReturn:
+    """Flush the handler's output, write ``data`` as the result and exit with ``code``."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    _write_all(result_fd, data)
+    os._exit(code)
+
+
 def run_handler(request_schema: type[RequestT], handler: Callable[[RequestT], Any]) -> NoReturn:
     """Parse the request, run ``handler`` on it, write the result, and exit.
 
@@ -69,9 +106,7 @@ def run_handler(request_schema: type[RequestT], handler: Callable[[RequestT], An
 
     Exits with 0 after a result, 1 after an ``ErrorOutput``.
     """
-    sys.stdout.flush()
-    result_fd = os.dup(1)
-    os.dup2(2, 1)  # the handler's own output goes to stderr from here on
+    result_fd = result_channel()
     try:
         request = request_schema.model_validate_json(_read_request())
         result = handler(request)
@@ -87,14 +122,8 @@ def run_handler(request_schema: type[RequestT], handler: Callable[[RequestT], An
             traceback.print_exc()
             message = str(exc)
         envelope = ErrorOutput(error=type(exc).__name__, message=message)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        _write_all(result_fd, envelope.model_dump_json().encode())
-        os._exit(1)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    _write_all(result_fd, data.encode("utf-8"))
-    os._exit(0)
+        write_and_exit(result_fd, envelope.model_dump_json().encode(), 1)
+    write_and_exit(result_fd, data.encode("utf-8"), 0)
 
 
 async def _awaited(awaitable: Any) -> Any:

@@ -24,7 +24,7 @@ from async_task_api_worker.observability.logging import configure_logging
 from async_task_api_worker.ports import ProgressDropped
 from async_task_api_worker.protocol.envelope import decode_envelope
 from async_task_api_worker.testing import Outcome, WorkerHarness
-from tests.unit.process.workers import isolated, threaded
+from tests.unit.process.workers import CANARY_URL, isolated, threaded
 
 
 def processes_with(marker: str) -> list[int]:
@@ -114,6 +114,26 @@ async def test_the_output_tail_is_bounded() -> None:
     assert tail.total == 5003
     assert len(tail.data) == 1000
     assert tail.data.endswith(b"END")
+    assert tail.text() == ""  # the one line was cut: no part of it is shown
+
+
+# The worker keeps the last 16,384 bytes: a padding that makes the line 10 bytes longer cuts
+# the kept tail just after "amqp://wor", before the password.
+@pytest.mark.parametrize(
+    "padding", [0, 16384 + 10 - len(CANARY_URL) - 2], ids=["whole", "cut-inside-the-url"]
+)
+async def test_a_password_in_the_childs_stderr_reaches_no_log_line(
+    caplog: pytest.LogCaptureFixture, padding: int
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    async with WorkerHarness(isolated) as harness:
+        run = await harness.submit({"mode": "canary_then_segv", "data": str(padding)})
+    assert run.settlement.code == "WORKER_CRASHED"
+    tails = [r for r in caplog.records if "wrote" in r.getMessage() and "stderr" in r.getMessage()]
+    assert tails and tails[0].levelno == logging.WARNING  # it died without an answer
+    for record in caplog.records:
+        assert "CANARY-s3cret" not in record.getMessage()
+        assert "CANARY-s3cret" not in str(record.exc_text or "")
 
 
 async def test_a_segfault_and_an_exit_without_result_fail_with_codes_of_their_own() -> None:

@@ -19,6 +19,10 @@ from pydantic import BaseModel
 from async_task_api_worker import FatalError, RetryableError, SyncTaskContext, TaskContext, Worker
 
 
+#: A URL with a password, written to stderr by the ``canary_then_segv`` mode.
+CANARY_URL = b"amqp://worker:CANARY-s3cret@broker:5672/vhost"
+
+
 class Job(BaseModel):
     """What to do; ``data`` is echoed back to check the request arrived intact."""
 
@@ -43,6 +47,7 @@ class Job(BaseModel):
         "huge",
         "fork_then_segv",
         "forge",
+        "canary_then_segv",
     ] = "echo"
     data: Any = None
     marker: str = ""
@@ -87,6 +92,10 @@ async def run(job: Job, ctx: TaskContext) -> Echo:  # noqa: PLR0912 - one branch
         for _ in range(160):  # 10 MB
             os.write(2, chunk)
     elif job.mode == "segv":
+        os.kill(os.getpid(), signal.SIGSEGV)
+    elif job.mode == "canary_then_segv":
+        # The canary, then padding: a long enough padding cuts the kept tail inside the URL.
+        os.write(2, CANARY_URL + b" " + b"y" * int(job.data) + b"\n")
         os.kill(os.getpid(), signal.SIGSEGV)
     elif job.mode == "exit0":
         os._exit(0)

@@ -1,7 +1,10 @@
 """Draining a child's stdout or stderr while it runs, keeping only a bounded tail.
 
 A child that writes a lot cannot block on a full pipe (it is read as it writes) nor grow the
-worker's memory (only the last ``max_bytes`` are kept, for the log).
+worker's memory (only the last ``max_bytes`` are kept, for the log). What reaches a log line is
+redacted as every other line is (``observability.logging.redact_secrets``), whatever formatter
+the application uses, and starts at a line's start: a tail cut in the middle of a URL could
+otherwise show a password without the ``scheme://`` that marks it.
 """
 
 from __future__ import annotations
@@ -10,6 +13,8 @@ import asyncio
 import contextlib
 import os
 from typing import Final
+
+from async_task_api_worker.observability.logging import redact_secrets
 
 __all__ = ["OutputTail"]
 
@@ -41,8 +46,15 @@ class OutputTail:
         return bytes(self._tail)
 
     def text(self) -> str:
-        """The tail, decoded leniently."""
-        return self._tail.decode("utf-8", "replace")
+        """The tail for a log line: decoded leniently, from a line's start, secrets redacted.
+
+        When the output was longer than the tail, the first (cut) line is left out.
+        """
+        text = self._tail.decode("utf-8", "replace")
+        if self.total > len(self._tail):
+            _, newline, rest = text.partition("\n")
+            text = rest if newline else ""
+        return redact_secrets(text)
 
     def close_write_end(self) -> None:
         """Close the worker's copy of the write end (the child has its own); idempotent."""
