@@ -18,7 +18,6 @@ from pydantic import BaseModel
 
 from async_task_api_worker import FatalError, RetryableError, SyncTaskContext, TaskContext, Worker
 
-
 #: A URL with a password, written to stderr by the ``canary_then_segv`` mode.
 CANARY_URL = b"amqp://worker:CANARY-s3cret@broker:5672/vhost"
 
