@@ -52,8 +52,8 @@ async def submit(queues: Queues, *inputs: dict[str, Any]) -> list[str]:
         return [await client.submit(task_input) for task_input in inputs]
 
 
-def submit_raw(queues: Queues, *inputs: dict[str, Any]) -> None:
-    """Publish envelopes without a client consuming the output queue."""
+def submit_raw(queues: Queues, *inputs: dict[str, Any], service: str = "sleeping") -> None:
+    """Publish envelopes ``t-0``, ``t-1``... without a client consuming the output queue."""
     from async_task_api_worker.client import build_envelope
 
     async def publish() -> None:
@@ -63,7 +63,7 @@ def submit_raw(queues: Queues, *inputs: dict[str, Any]) -> None:
             await channel.declare_queue(queues.in_queue, durable=True)
             for number, task_input in enumerate(inputs):
                 _, body = build_envelope(
-                    task_input, service="sleeping", task_id=f"t-{number}", client_id="c"
+                    task_input, service=service, task_id=f"t-{number}", client_id="c"
                 )
                 await channel.default_exchange.publish(
                     aio_pika.Message(body), routing_key=queues.in_queue
@@ -172,3 +172,63 @@ def test_a_redelivered_input_whose_report_went_out_is_acked_not_run_again(
     queues.assert_drained(queues.in_queue)
     assert reports(queues) == []
     assert not list(state.glob("*.running"))
+
+
+def logged_tick(queues: Queues, state: Path, target: str, *, max_new: int) -> list[dict[str, Any]]:
+    """Run a tick to its end; its JSON log lines."""
+    done = subprocess.run(
+        [
+            sys.executable, "-m", "async_task_api_worker", "tick", target,
+            "--state-dir", str(state), "--budget-s", "20", "--max-new", str(max_new),
+        ],
+        cwd=REPO,
+        env=queues.env(ATW_TEST_MARKERS=str(state.parent), LOG_LEVEL="INFO"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+
+
+def decisions(lines: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {line["task_id"]: line for line in lines if line["msg"].startswith("Delivery settled:")}
+
+
+async def decided_by_run(task_input: dict[str, Any]) -> tuple[str, str]:
+    """The decision line and the failure message ``run``'s engine gives ``task_input``."""
+    from async_task_api_worker.testing import WorkerHarness
+    from tests.integration.workers import strict
+
+    async with WorkerHarness(strict) as harness:
+        run = await harness.submit(task_input, task_id="t-1")
+    assert run.error is not None
+    line = (
+        f"Delivery settled: outcome={run.settlement.outcome.value} "
+        f"action={run.settlement.action.value} code={run.settlement.code} "
+        f"attempt={run.settlement.attempt}/{run.settlement.delivery_limit}"
+    )
+    return line, run.error.message
+
+
+def test_a_tick_settles_as_run_does_with_one_decision_line_for_each_delivery_and_result(
+    queues: Queues, tmp_path: Path
+) -> None:
+    state = tmp_path / "state"
+    invalid = {"seconds": 0, "customer_secret_field": 1}
+    submit_raw(queues, {"seconds": 0}, invalid, service="strict")
+    first = decisions(logged_tick(queues, state, "tests.integration.workers:strict", max_new=2))
+    run_line, run_message = asyncio.run(decided_by_run(invalid))
+    assert first["t-1"]["msg"] == run_line  # the same admission and settlement as run
+    assert first["t-0"]["msg"] == "Delivery settled: outcome=detached action=ack code=- attempt=1/5"
+    wait_for((state / "t-0.json").exists, what="the detached worker's result")
+    second = decisions(logged_tick(queues, state, "tests.integration.workers:strict", max_new=0))
+    assert second["t-0"]["msg"] == (
+        "Delivery settled: outcome=success action=none code=- attempt=1/5 reason=swept_result"
+    )
+    got = {(report.task_id, report.type): report for report in reports(queues)}
+    assert set(got) == {("t-0", "started"), ("t-0", "success"), ("t-1", "failure")}
+    message = got[("t-1", "failure")].error.message  # type: ignore[union-attr]
+    assert message == run_message
+    assert "customer_secret_field" not in message and "<key>" in message

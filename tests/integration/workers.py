@@ -11,7 +11,7 @@ import os
 import time
 from pathlib import Path
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict
 
 from async_task_api_worker import RetryableError, SyncTaskContext, TaskContext, Worker
 
@@ -31,6 +31,23 @@ class Output(BaseModel):
 def _mark(ctx: TaskContext | SyncTaskContext) -> None:
     folder = Path(os.environ["ATW_TEST_MARKERS"])
     (folder / f"{ctx.task_id}.{ctx.attempt}.{os.getpid()}").touch()
+
+
+class StrictInput(BaseModel):
+    """An input that names its keys: a client's own key is an error (and must stay masked)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    seconds: float = 0.0
+
+
+strict = Worker("strict")
+
+
+@strict.task(timeout=60)
+async def answer_strictly(task_input: StrictInput, ctx: TaskContext) -> Output:
+    """Answer with the attempt."""
+    return Output(attempt=ctx.attempt)
 
 
 retrying = Worker("retrying")
