@@ -4,7 +4,14 @@ docs/protocol.md is the normative text; the JSON Schemas under ``protocol/schema
 golden vectors under ``tests/vectors/`` are generated from and checked against this package.
 """
 
-from async_task_api_worker.protocol.codes import ErrorCode, PoisonReason, ReportType
+from async_task_api_worker.protocol.codes import (
+    ERROR_CODE_PATTERN,
+    MAX_ERROR_MESSAGE_CHARS,
+    RESERVED_ERROR_CODES,
+    ErrorCode,
+    PoisonReason,
+    ReportType,
+)
 from async_task_api_worker.protocol.encoding import (
     MAX_NESTING_DEPTH,
     MAX_REPORT_BYTES,
@@ -58,7 +65,10 @@ __all__ = [
     "MAX_NESTING_DEPTH",
     "MAX_REPORT_BYTES",
     "canonical_dumps",
-    # codes
+    # codes and their rules
+    "ERROR_CODE_PATTERN",
+    "MAX_ERROR_MESSAGE_CHARS",
+    "RESERVED_ERROR_CODES",
     "ErrorCode",
     "PoisonReason",
     "ReportType",
