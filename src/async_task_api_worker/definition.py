@@ -1,7 +1,8 @@
 """Declaring a worker: ``Worker(name)``, ``@worker.task(timeout=...)`` and the hooks.
 
 Every mistake is caught when the decorator runs (at import of the user's module), each with its
-own :class:`~async_task_api_worker.errors.DefinitionError` subclass and a one-line message.
+own :class:`~async_task_api_worker.errors.DefinitionError` subclass and a one-line message. The
+module is over 400 lines because those checks are one rule set, best read together.
 """
 
 from __future__ import annotations

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import socket
 import struct
 import threading
@@ -245,6 +246,20 @@ class LogMessage:
     extra: dict[str, Any] = field(default_factory=dict)
     exc: str | None = None
 
+    def relay(self) -> None:
+        """Log the record in the worker, as if logged here (the task fields are bound here)."""
+        logger = logging.getLogger(self.name)
+        if not logger.isEnabledFor(self.level):
+            return
+        record = logger.makeRecord(self.name, self.level, "(task process)", 0, self.msg, (), None)
+        for key, value in self.extra.items():
+            name = str(key)
+            if name not in _RESERVED_LOG_KEYS and not name.startswith("_"):
+                record.__dict__.setdefault(name, value)
+        if self.exc:
+            record.exc_text = self.exc
+        logger.handle(record)
+
     def to_json(self) -> dict[str, Any]:
         """The message as the frame's JSON object."""
         return {
@@ -272,6 +287,8 @@ ChildMessage = ProgressMessage | DropMessage | LogMessage | OutcomeMessage
 
 #: Characters of a log message the child sends (a longer one is cut).
 MAX_LOG_CHARS: Final = 32 * 1024
+# Attributes a relayed record may not take from the child's ``extra``.
+_RESERVED_LOG_KEYS: Final = frozenset({"message", "asctime", "args", "msg", "exc_info"})
 
 
 def _progress(message: dict[str, Any]) -> ProgressMessage:

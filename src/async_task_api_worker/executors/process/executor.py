@@ -64,7 +64,6 @@ REAP_TIMEOUT_S: Final = 5.0
 GROUP_GONE_TIMEOUT_S: Final = 1.0
 #: Seconds between two attempts to restart a fork server that stopped.
 RESTART_INTERVAL_S: Final = 30.0
-_RESERVED_LOG_KEYS: Final = frozenset({"message", "asctime", "args", "msg", "exc_info"})
 
 
 class ProcessExecutor:
@@ -328,7 +327,7 @@ class ProcessExecutor:
                 elif isinstance(message, DropMessage):
                     sink.drop(message.reason)
                 elif isinstance(message, LogMessage):
-                    _relay_log(message)
+                    message.relay()
                 elif isinstance(message, OutcomeMessage):
                     return message.conclusion
         except ConnectionError:
@@ -380,24 +379,3 @@ def _exit_failure(child: TaskProcess, code: int | None) -> Failure:
     return _no_result(
         ErrorCode.INVALID_RESULT, f"the task's process exited (code {code}) without a result"
     )
-
-
-def _relay_log(message: LogMessage) -> None:
-    """Log a record the child sent, as if logged here (the task fields are bound here)."""
-    logger = logging.getLogger(message.name)
-    if not logger.isEnabledFor(message.level):
-        return
-    record = logger.makeRecord(
-        message.name, message.level, "(task process)", 0, message.msg, (), None
-    )
-    for key, value in message.extra.items():
-        name = str(key)
-        if (
-            name not in _RESERVED_LOG_KEYS
-            and not name.startswith("_")
-            and name not in record.__dict__
-        ):
-            setattr(record, name, value)
-    if message.exc:
-        record.exc_text = message.exc
-    logger.handle(record)

@@ -1,7 +1,8 @@
 """The RabbitMQ transport: consume and settle deliveries; reports go through ``ReportPublisher``.
 
 This package is the only place that imports aio-pika; every exception it raises is translated
-into the SDK's own in ``_errors``.
+into the SDK's own in ``_errors``. The module is a little over 400 lines: consuming, settling and
+withdrawing deliveries share one channel's state and its recovery, and read best in one place.
 
 RabbitMQ behaviours it follows (checked on 3.10 and documented for 4.x):
 
