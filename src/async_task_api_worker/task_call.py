@@ -20,11 +20,12 @@ The conclusion's value types and their JSON shape are in :mod:`async_task_api_wo
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
@@ -142,16 +143,13 @@ class TaskFields:
             raise ValueError(f"not the fields of a task ({type(exc).__name__})") from exc
 
 
+# The fields a context exposes under the same names.
+_FIELD_NAMES: Final = tuple(field.name for field in dataclasses.fields(TaskFields))
+
+
 def fields_of(context: TaskContext | SyncTaskContext) -> TaskFields:
     """The fields a context was built from (to hand the call to another process)."""
-    return TaskFields(
-        task_id=context.task_id,
-        client_id=context.client_id,
-        service=context.service,
-        attempt=context.attempt,
-        delivery_limit=context.delivery_limit,
-        input_refs=context.input_refs,
-    )
+    return TaskFields(**{name: getattr(context, name) for name in _FIELD_NAMES})
 
 
 def context_for(
@@ -167,14 +165,7 @@ def context_for(
     """
     context_type = TaskContext if task.kind is HandlerKind.ASYNC else SyncTaskContext
     return context_type(
-        task_id=fields.task_id,
-        client_id=fields.client_id,
-        service=fields.service,
-        attempt=fields.attempt,
-        delivery_limit=fields.delivery_limit,
-        input_refs=fields.input_refs,
-        sink=sink,
-        loop=loop,
+        **{name: getattr(fields, name) for name in _FIELD_NAMES}, sink=sink, loop=loop
     )
 
 
