@@ -232,3 +232,49 @@ def test_a_tick_settles_as_run_does_with_one_decision_line_for_each_delivery_and
     message = got[("t-1", "failure")].error.message  # type: ignore[union-attr]
     assert message == run_message
     assert "customer_secret_field" not in message and "<key>" in message
+
+
+def test_a_tick_whose_report_the_broker_refuses_exits_1_with_one_line_and_keeps_the_result(
+    queues: Queues, tmp_path: Path
+) -> None:
+    # Every publish nacked: a classic queue of max length 1, reject-publish, one message in (a
+    # 3.10 quorum queue lets a fresh channel's first publish through).
+    async def fill_output_queue() -> None:
+        connection = await aio_pika.connect(queues.url)
+        async with connection:
+            channel = await connection.channel()
+            arguments = {
+                "x-queue-type": "classic",
+                "x-max-length": 1,
+                "x-overflow": "reject-publish",
+            }
+            await channel.declare_queue(queues.out_queue, durable=True, arguments=arguments)
+            await channel.default_exchange.publish(
+                aio_pika.Message(b"filler"), routing_key=queues.out_queue
+            )
+
+    asyncio.run(fill_output_queue())
+    state = tmp_path / "state"
+    state.mkdir()
+    meta = {"task_id": "t-held", "client_id": "c", "attempt": 1, "delivery_limit": 5}
+    result = {"ok": True, "response": {"attempt": 1}, "correlation_id": "t-held", "meta": meta}
+    write_atomically(state / "t-held.json", json.dumps(result).encode())
+    done = subprocess.run(
+        [
+            sys.executable, "-m", "async_task_api_worker", "tick", TARGET,
+            "--state-dir", str(state), "--budget-s", "12",
+        ],
+        cwd=REPO,
+        env=queues.env(ATW_TEST_MARKERS=str(tmp_path)),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )  # fmt: skip
+    assert done.returncode == 1
+    assert "Traceback" not in done.stdout + done.stderr
+    said = [line for line in done.stderr.splitlines() if "could not report or settle" in line]
+    assert len(said) == 1
+    assert (state / "t-held.json").exists()  # a later tick sends it
+    decided = decisions([json.loads(x) for x in done.stdout.splitlines() if x.startswith("{")])
+    assert "outcome=publish_failed action=none" in decided["t-held"]["msg"]
