@@ -121,7 +121,11 @@ def test_a_dead_worker_is_reported_once_after_its_deadline(queues: Queues, tmp_p
     assert tick(queues, state, **env).wait(timeout=60) == 0  # before the deadline: nothing
     assert [report.type for report in reports(queues)] == ["started"]
     wait_for(lambda: Marker.from_json(marker(state, "t-0")).past_deadline, what="the deadline")
-    assert tick(queues, state, **env).wait(timeout=60) == 0
+    expiry = decisions(logged_tick(queues, state, TARGET, max_new=0, **env))["t-0"]
+    assert expiry["msg"] == (
+        "Delivery settled: outcome=failure action=none code=WORKER_DIED attempt=1/5 "
+        "reason=swept_expiry"
+    )
     assert tick(queues, state, **env).wait(timeout=60) == 0
     failures = [report for report in reports(queues) if report.type == "failure"]
     assert len(failures) == 1
@@ -174,7 +178,9 @@ def test_a_redelivered_input_whose_report_went_out_is_acked_not_run_again(
     assert not list(state.glob("*.running"))
 
 
-def logged_tick(queues: Queues, state: Path, target: str, *, max_new: int) -> list[dict[str, Any]]:
+def logged_tick(
+    queues: Queues, state: Path, target: str, *, max_new: int, **env: str
+) -> list[dict[str, Any]]:
     """Run a tick to its end; its JSON log lines."""
     done = subprocess.run(
         [
@@ -182,7 +188,7 @@ def logged_tick(queues: Queues, state: Path, target: str, *, max_new: int) -> li
             "--state-dir", str(state), "--budget-s", "20", "--max-new", str(max_new),
         ],
         cwd=REPO,
-        env=queues.env(ATW_TEST_MARKERS=str(state.parent), LOG_LEVEL="INFO"),
+        env=queues.env(ATW_TEST_MARKERS=str(state.parent), LOG_LEVEL="INFO", **env),
         capture_output=True,
         text=True,
         timeout=60,

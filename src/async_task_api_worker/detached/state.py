@@ -1,26 +1,40 @@
-"""The state directory of detached workers: in-flight markers and result files.
+"""The state directory of detached workers: in-flight markers, results, reports sent.
 
 Seed 002, "State-file result + in-flight marker". Per correlation id ``C``:
 
 - ``C.running``: the in-flight marker (JSON): who runs the work (pid, the process's start time
-  and the boot id, so that a reused pid is not taken for a live worker), since when and until
-  when (UTC, with offset), and the caller's ``meta`` (what it needs to report the outcome);
+  and the boot id, so that a reused pid is not taken for a live worker), since when and for how
+  long, and the caller's ``meta`` (what it needs to report the outcome);
 - ``C.input``: the message, for the worker to read (mode 0600);
-- ``C.json``: the result (JSON), success or failure, written by the worker when done.
+- ``C.json``: the result (JSON), success or failure, written by the worker when done;
+- ``C.done``: left by a sweep once it sent the task's outcome: a later outcome (a worker that
+  finished after its expiry) is dropped, never sent as a second, contradicting one.
+
+**Clocks.** A marker's time is read on the *boot clock* (:func:`boot_clock`: Linux's
+``CLOCK_BOOTTIME``, which counts a suspend and is never stepped): ``started_boot_s`` is the
+boot clock at the hand-out, ``deadline_s`` a duration. On the boot the marker names, the
+deadline has passed when ``boot_clock() - started_boot_s >= deadline_s``, so a step of the wall
+clock (NTP, a hand-set date) neither shortens nor lengthens a task's time; on another boot the
+worker cannot be alive. ``started_at`` and ``deadline_at`` (UTC, with offset) stay in the file
+for people, and are the rule only for a marker without the boot fields (written before them).
+:class:`Clocks` bundles the clocks, so that tests inject their own.
 
 Every file is written to a temporary file in the same directory, flushed to disk and renamed
 into place: a reader never sees a torn file. A file that cannot be read anyway (a disk that lied,
-a hand edit) is moved to ``bad/`` with a log line, never crashing a sweep.
+a hand edit) is moved to ``bad/`` with an ERROR line, never crashing a sweep.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
+import math
 import os
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -28,10 +42,15 @@ from typing import Any, Final
 
 __all__ = [
     "CLAIMED",
+    "DONE_RETENTION_S",
+    "DONE_SUFFIX",
     "INPUT_SUFFIX",
     "MARKER_SUFFIX",
     "RESULT_SUFFIX",
+    "SYSTEM_CLOCKS",
+    "Clocks",
     "Marker",
+    "boot_clock",
     "boot_id",
     "claim",
     "move_aside",
@@ -45,6 +64,11 @@ _logger = logging.getLogger("async_task_api_worker.detached")
 MARKER_SUFFIX: Final = ".running"
 RESULT_SUFFIX: Final = ".json"
 INPUT_SUFFIX: Final = ".input"
+#: Left by a sweep once a task's outcome was sent (and by ``tick`` once it was published).
+DONE_SUFFIX: Final = ".done"
+#: Seconds a ``.done`` file is kept: a later outcome, or a redelivery of the task's input (a
+#: tick killed before its ack), is recognised for this long.
+DONE_RETENTION_S: Final = 7 * 24 * 3600.0
 BAD_DIR: Final = "bad"
 
 
@@ -107,14 +131,22 @@ def claim(path: Path) -> Path | None:
     return claimed
 
 
-def move_aside(path: Path, why: str) -> None:
-    """Move an unreadable state file to ``bad/`` (kept for a human), with a log line."""
+def move_aside(path: Path, why: str, *, what: str = "Unreadable state file") -> Path | None:
+    """Move a state file to ``bad/`` (kept for a human), with an ERROR line ``what name (why)``.
+
+    Returns:
+        Where it went, or ``None`` if it was gone already (another sweep took it).
+    """
+    name = path.name.split(CLAIMED, 1)[0]
     bad = path.parent / BAD_DIR
     bad.mkdir(exist_ok=True)
-    target = bad / f"{path.name}.{uuid.uuid4().hex[:8]}"
-    with contextlib.suppress(FileNotFoundError):
+    target = bad / f"{name}.{uuid.uuid4().hex[:8]}"
+    try:
         os.replace(path, target)
-        _logger.error("Unreadable state file %s (%s): moved to %s", path.name, why, target)
+    except FileNotFoundError:
+        return None
+    _logger.error("%s %s (%s): moved to %s", what, name, why, target)
+    return target
 
 
 def boot_id() -> str:
@@ -123,6 +155,37 @@ def boot_id() -> str:
         return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
     except OSError:
         return ""
+
+
+def boot_clock() -> float:
+    """Seconds on this boot's clock: ``CLOCK_BOOTTIME`` (Linux), else ``time.monotonic()``.
+
+    Never stepped, counts a suspend (on Linux), comparable between processes of one boot.
+    """
+    try:
+        return time.clock_gettime(time.CLOCK_BOOTTIME)
+    except (AttributeError, OSError):  # not Linux
+        return time.monotonic()
+
+
+@dataclass(frozen=True)
+class Clocks:
+    """The clocks the detached state is read with (tests inject their own).
+
+    Attributes:
+        boot: the boot clock (:func:`boot_clock`), seconds: decides every deadline.
+        wall: the wall clock (``time.time``), seconds since the epoch: the times written for
+            people, the rule of markers written before the boot fields, and file ages.
+        this_boot: this boot's id (:func:`boot_id`); ``""`` where unknown.
+    """
+
+    boot: Callable[[], float] = boot_clock
+    wall: Callable[[], float] = time.time
+    this_boot: Callable[[], str] = boot_id
+
+
+#: The system's clocks.
+SYSTEM_CLOCKS: Final = Clocks()
 
 
 def process_start_time(pid: int) -> int | None:
@@ -149,18 +212,32 @@ def _utc(moment: float) -> str:
     return datetime.fromtimestamp(moment, UTC).isoformat(timespec="milliseconds")
 
 
+def _seconds(document: dict[str, Any], key: str) -> float | None:
+    value = document.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ValueError(f"{key} is not a number of seconds")
+    return float(value)
+
+
 @dataclass
 class Marker:
     """An in-flight marker.
 
     Attributes:
         correlation_id: the work's id (the task id for the ``tick`` command).
-        deadline_at: when the work must be done (UTC, ISO 8601 with offset).
-        started_at: when it was handed out (UTC, ISO 8601 with offset).
+        deadline_at: when the work must be done, on the wall clock (UTC, ISO 8601 with offset):
+            for people, and the rule only for a marker without ``deadline_s``.
+        started_at: when it was handed out, on the wall clock (UTC, ISO 8601 with offset).
         pid: the detached worker's pid, ``None`` until it is spawned.
         start_time: the worker's start time in clock ticks since boot.
-        boot_id: the boot the worker started in.
+        boot_id: the boot the work was handed out in.
         meta: the caller's data about the work, given back with its outcome.
+        started_boot_s: when it was handed out, on the boot clock of ``boot_id``.
+        deadline_s: the seconds the work may take from ``started_boot_s``.
+        recovered_from: for a marker a sweep wrote in place of an unreadable one, the name of
+            that file in ``bad/``.
     """
 
     correlation_id: str
@@ -170,15 +247,49 @@ class Marker:
     start_time: int | None = None
     boot_id: str = field(default_factory=boot_id)
     meta: dict[str, Any] = field(default_factory=dict)
+    started_boot_s: float | None = None
+    deadline_s: float | None = None
+    recovered_from: str | None = None
 
     @classmethod
-    def new(cls, correlation_id: str, deadline_s: float, meta: dict[str, Any]) -> Marker:
+    def new(
+        cls,
+        correlation_id: str,
+        deadline_s: float,
+        meta: dict[str, Any],
+        *,
+        clocks: Clocks = SYSTEM_CLOCKS,
+    ) -> Marker:
         """A marker for work that must end within ``deadline_s`` seconds from now."""
-        return cls(correlation_id, _utc(time.time() + deadline_s), meta=dict(meta))
+        return cls.handed_out(correlation_id, deadline_s, meta, age_s=0.0, clocks=clocks)
+
+    @classmethod
+    def handed_out(
+        cls,
+        correlation_id: str,
+        deadline_s: float,
+        meta: dict[str, Any],
+        *,
+        age_s: float,
+        clocks: Clocks = SYSTEM_CLOCKS,
+        recovered_from: str | None = None,
+    ) -> Marker:
+        """A marker for work handed out ``age_s`` seconds ago, with ``deadline_s`` seconds."""
+        wall = clocks.wall() - age_s
+        return cls(
+            correlation_id,
+            deadline_at=_utc(wall + deadline_s),
+            started_at=_utc(wall),
+            boot_id=clocks.this_boot(),
+            meta=dict(meta),
+            started_boot_s=clocks.boot() - age_s,
+            deadline_s=float(deadline_s),
+            recovered_from=recovered_from,
+        )
 
     @classmethod
     def from_json(cls, document: dict[str, Any]) -> Marker:
-        """Read a marker back.
+        """Read a marker back (one without the boot fields too: the wall rule applies).
 
         Raises:
             ValueError: a field is missing or of the wrong type.
@@ -194,6 +305,11 @@ class Marker:
                 else int(document["start_time"]),
                 boot_id=str(document.get("boot_id", "")),
                 meta=dict(document.get("meta") or {}),
+                started_boot_s=_seconds(document, "started_boot_s"),
+                deadline_s=_seconds(document, "deadline_s"),
+                recovered_from=None
+                if document.get("recovered_from") is None
+                else str(document["recovered_from"]),
             )
             if datetime.fromisoformat(marker.deadline_at).tzinfo is None:
                 raise ValueError("a deadline without its UTC offset")
@@ -205,15 +321,71 @@ class Marker:
         """The marker as JSON bytes."""
         return json.dumps(self.__dict__, sort_keys=True).encode()
 
+    def from_another_boot(self, clocks: Clocks = SYSTEM_CLOCKS) -> bool:
+        """Whether it was handed out in another boot (its worker cannot be alive)."""
+        this_boot = clocks.this_boot()
+        return bool(self.boot_id and this_boot and self.boot_id != this_boot)
+
+    def elapsed_s(self, clocks: Clocks = SYSTEM_CLOCKS) -> float | None:
+        """Seconds since the hand-out on the boot clock (negative: a start in the future).
+
+        ``None`` if the boot clock cannot tell: a marker without the boot fields, or from
+        another boot.
+        """
+        if self.started_boot_s is None or self.deadline_s is None:
+            return None
+        if self.from_another_boot(clocks):
+            return None
+        return clocks.boot() - self.started_boot_s
+
+    def started_in_future(self, clocks: Clocks = SYSTEM_CLOCKS) -> bool:
+        """Whether its start on this boot's clock is still to come (a hand edit, a copy)."""
+        elapsed = self.elapsed_s(clocks)
+        return elapsed is not None and elapsed < 0
+
+    def is_past_deadline(self, clocks: Clocks = SYSTEM_CLOCKS) -> bool:
+        """Whether the deadline has passed: on the boot clock; at once for another boot.
+
+        A start in the future is not past its deadline (see :meth:`restarted`).
+        """
+        if self.from_another_boot(clocks):
+            return True
+        elapsed = self.elapsed_s(clocks)
+        if elapsed is None or self.deadline_s is None:
+            return clocks.wall() > datetime.fromisoformat(self.deadline_at).timestamp()
+        return elapsed >= self.deadline_s
+
     @property
     def past_deadline(self) -> bool:
-        """Whether the deadline has passed."""
-        return datetime.now(UTC) > datetime.fromisoformat(self.deadline_at)
+        """Whether the deadline has passed, on the system's clocks."""
+        return self.is_past_deadline(SYSTEM_CLOCKS)
 
-    def worker_alive(self) -> bool:
+    def remaining_s(self, clocks: Clocks = SYSTEM_CLOCKS) -> float:
+        """Seconds left before the deadline (the worker's own watchdog), at least 0.
+
+        On the boot clock, a start in the future counting as now; on the wall clock for a
+        marker the boot clock cannot tell about.
+        """
+        elapsed = self.elapsed_s(clocks)
+        if elapsed is None or self.deadline_s is None:
+            return max(0.0, datetime.fromisoformat(self.deadline_at).timestamp() - clocks.wall())
+        return max(0.0, self.deadline_s - max(0.0, elapsed))
+
+    def restarted(self, clocks: Clocks = SYSTEM_CLOCKS) -> Marker:
+        """This marker handed out now (its start in the future taken as now): same duration."""
+        deadline_s = 0.0 if self.deadline_s is None else self.deadline_s
+        wall = clocks.wall()
+        return dataclasses.replace(
+            self,
+            started_boot_s=clocks.boot(),
+            started_at=_utc(wall),
+            deadline_at=_utc(wall + deadline_s),
+        )
+
+    def worker_alive(self, clocks: Clocks = SYSTEM_CLOCKS) -> bool:
         """Whether the worker it names still runs: same pid, same start time, same boot."""
         if self.pid is None or self.start_time is None:
             return False
-        if self.boot_id and self.boot_id != boot_id():
+        if self.boot_id and self.boot_id != clocks.this_boot():
             return False
         return process_start_time(self.pid) == self.start_time

@@ -4,13 +4,25 @@
 turns every marker past its deadline into exactly one explicit error result. Concurrent sweeps
 of one directory are safe: each file is claimed by an atomic rename before it is used, and only
 the sweep whose rename succeeded delivers it.
+
+One outcome per id: a sweep that sent one leaves ``<id>.done``, and drops a later one with a
+WARNING. Deadlines are on the boot clock (see ``state``). An unreadable file is moved to
+``bad/`` with an ERROR line and counted (``worker_detached_unreadable_files_total``), and the
+task its name gives gets ``WORKER_DIED``: at once for a result; for a marker, at
+``fallback_deadline_s`` after the file's last write, unless its worker's result comes first.
+A result the sweep makes for an expired marker carries ``"expired": true``.
+
+The module is over 400 lines: delivery, expiry, recovery of unreadable files and the one-outcome
+record are one protocol over one directory, each step guarding the others' races.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
+import re
 import signal
 import time
 from collections.abc import Callable
@@ -20,16 +32,24 @@ from typing import Any, Final
 
 from async_task_api_worker.detached.state import (
     CLAIMED,
+    DONE_RETENTION_S,
+    DONE_SUFFIX,
     INPUT_SUFFIX,
     MARKER_SUFFIX,
     RESULT_SUFFIX,
+    SYSTEM_CLOCKS,
+    Clocks,
     Marker,
     claim,
     move_aside,
     read_json,
+    write_atomically,
 )
+from async_task_api_worker.observability.metrics import DETACHED_UNREADABLE_FILES
+from async_task_api_worker.protocol.codes import ErrorCode
+from async_task_api_worker.protocol.envelope import ID_PATTERN
 
-__all__ = ["STALE_CLAIM_S", "SweepReport", "Undeliverable", "in_flight", "sweep"]
+__all__ = ["STALE_CLAIM_S", "SweepReport", "Undeliverable", "in_flight", "prune_done", "sweep"]
 
 _logger = logging.getLogger("async_task_api_worker.detached")
 
@@ -38,10 +58,15 @@ _logger = logging.getLogger("async_task_api_worker.detached")
 STALE_CLAIM_S: Final = 300.0
 
 #: The error codes of the results a sweep makes for markers past their deadline.
-WORKER_DIED: Final = "WORKER_DIED"
-TASK_TIMEOUT: Final = "TASK_TIMEOUT"
+WORKER_DIED: Final = ErrorCode.WORKER_DIED.value
+TASK_TIMEOUT: Final = ErrorCode.TASK_TIMEOUT.value
+
+#: The fields of ``<id>.input``'s ``context`` (``tick``'s) recovered as a lost marker's meta.
+RECOVERED_META: Final = ("task_id", "client_id", "attempt", "delivery_limit")
 
 SendResult = Callable[[str, dict[str, Any]], object]
+
+_SAFE_ID: Final = re.compile(ID_PATTERN)
 
 
 class Undeliverable(Exception):
@@ -50,11 +75,21 @@ class Undeliverable(Exception):
 
 @dataclass
 class SweepReport:
-    """What one sweep did (correlation ids)."""
+    """What one sweep did (ids; file names in ``moved_aside``; ``dropped``: later outcomes)."""
 
     delivered: list[str] = field(default_factory=list)
     expired: list[str] = field(default_factory=list)
     moved_aside: list[str] = field(default_factory=list)
+    dropped: list[str] = field(default_factory=list)
+
+
+@dataclass
+class _Sweep:
+    state_dir: Path
+    send: SendResult
+    clocks: Clocks
+    fallback_deadline_s: float
+    report: SweepReport = field(default_factory=SweepReport)
 
 
 def in_flight(state_dir: Path) -> bool:
@@ -73,10 +108,16 @@ def _forget(state_dir: Path, correlation_id: str) -> None:
             (state_dir / f"{correlation_id}{suffix}").unlink()
 
 
-def sweep(state_dir: Path, send_result: SendResult) -> SweepReport:
+def sweep(
+    state_dir: Path,
+    send_result: SendResult,
+    *,
+    fallback_deadline_s: float = 0.0,
+    clocks: Clocks = SYSTEM_CLOCKS,
+) -> SweepReport:
     """Deliver finished results, then expire markers past their deadline.
 
-    A bad file is moved aside, never raised.
+    A bad file is moved aside, never raised (see the module for what its task gets).
 
     Args:
         state_dir: the state directory.
@@ -84,140 +125,286 @@ def sweep(state_dir: Path, send_result: SendResult) -> SweepReport:
             returns. If it raises, the file is put back, the sweep stops and the exception
             propagates (a later sweep sends it); if it raises :class:`Undeliverable`, the file
             is moved to ``bad/`` and the sweep goes on.
+        fallback_deadline_s: the deadline of a marker that could not be read, in seconds from
+            its last write: the work's timeout; 0 reports its task at once, worker or not.
+        clocks: the clocks (tests inject theirs).
 
     Returns:
-        What was delivered, expired and moved aside.
+        What was delivered, expired, moved aside and dropped.
 
     Duplicates are possible (a kill between the send and the delete): results carry their
     correlation id, so make the receiver idempotent on it.
     """
     state_dir = Path(state_dir)
-    report = SweepReport()
+    run = _Sweep(state_dir, send_result, clocks, fallback_deadline_s)
     if not state_dir.is_dir():
-        return report
-    results = sorted(state_dir.glob(f"*{RESULT_SUFFIX}")) + _stale(state_dir, RESULT_SUFFIX)
+        return run.report
+    results = sorted(state_dir.glob(f"*{RESULT_SUFFIX}")) + _stale(run, RESULT_SUFFIX)
     for path in results:
-        _deliver(state_dir, path, send_result, report)
-    markers = sorted(state_dir.glob(f"*{MARKER_SUFFIX}")) + _stale(state_dir, MARKER_SUFFIX)
+        _deliver(run, path)
+    markers = sorted(state_dir.glob(f"*{MARKER_SUFFIX}")) + _stale(run, MARKER_SUFFIX)
     for path in markers:
-        _expire(state_dir, path, send_result, report)
-    _drop_stale_temporaries(state_dir)
-    return report
+        _expire(run, path)
+    _drop_stale_temporaries(run)
+    prune_done(state_dir, wall_clock=clocks.wall)
+    return run.report
 
 
-def _older_than(path: Path, age_s: float) -> bool:
+def prune_done(state_dir: Path, *, wall_clock: Callable[[], float] = time.time) -> list[str]:
+    """Remove the ``<id>.done`` files older than ``DONE_RETENTION_S``; return their ids."""
+    now = wall_clock()
+    pruned = []
+    for path in Path(state_dir).glob(f"*{DONE_SUFFIX}"):
+        with contextlib.suppress(OSError):
+            if now - path.stat().st_mtime > DONE_RETENTION_S:
+                path.unlink()
+                pruned.append(path.name[: -len(DONE_SUFFIX)])
+    return pruned
+
+
+def _older_than(path: Path, age_s: float, clocks: Clocks) -> bool:
     try:
-        return time.time() - path.stat().st_mtime > age_s
+        return clocks.wall() - path.stat().st_mtime > age_s
     except OSError:  # another sweep took it meanwhile
         return False
 
 
-def _stale(state_dir: Path, suffix: str) -> list[Path]:
+def _stale(run: _Sweep, suffix: str) -> list[Path]:
     """Files claimed by a sweep (or a worker) that died before it finished with them."""
     return [
         path
-        for path in sorted(state_dir.glob(f"*{suffix}{CLAIMED}*"))
-        if _older_than(path, STALE_CLAIM_S)
+        for path in sorted(run.state_dir.glob(f"*{suffix}{CLAIMED}*"))
+        if _older_than(path, STALE_CLAIM_S, run.clocks)
     ]
 
 
-def _drop_stale_temporaries(state_dir: Path) -> None:
-    for path in state_dir.glob(".*.tmp"):  # a writer killed before its rename
-        if _older_than(path, STALE_CLAIM_S):
+def _drop_stale_temporaries(run: _Sweep) -> None:
+    for path in run.state_dir.glob(".*.tmp"):  # a writer killed before its rename
+        if _older_than(path, STALE_CLAIM_S, run.clocks):
             path.unlink(missing_ok=True)
 
 
-def _send(
-    claimed: Path,
-    original: Path,
-    send: SendResult,
-    *,
-    correlation_id: str,
-    result: dict[str, Any],
-    report: SweepReport,
-) -> bool:
-    """Send; on failure put the file back (a later sweep sends it), or aside if undeliverable."""
+def _reported(state_dir: Path, correlation_id: str) -> bool:
+    return (state_dir / f"{correlation_id}{DONE_SUFFIX}").exists()
+
+
+def _mark_reported(state_dir: Path, correlation_id: str) -> None:
     try:
-        send(correlation_id, result)
+        write_atomically(state_dir / f"{correlation_id}{DONE_SUFFIX}", b"")
+    except OSError:
+        _logger.exception("Could not record that %s was reported", correlation_id)
+
+
+def _drop_late(run: _Sweep, claimed: Path, correlation_id: str) -> None:
+    name = claimed.name.split(CLAIMED, 1)[0]
+    _logger.warning("Dropped %s: a later outcome for an already reported task", name)
+    claimed.unlink(missing_ok=True)
+    _forget(run.state_dir, correlation_id)
+    run.report.dropped.append(correlation_id)
+
+
+def _send(
+    run: _Sweep, claimed: Path, original: Path, *, correlation_id: str, result: dict[str, Any]
+) -> bool:
+    """Send, then record it; on failure put the file back, or aside if undeliverable."""
+    try:
+        run.send(correlation_id, result)
     except Undeliverable as exc:
-        move_aside(claimed, f"undeliverable: {exc}")
-        report.moved_aside.append(original.name)
+        move_aside(claimed, f"undeliverable: {exc}", what="Undeliverable result")
+        run.report.moved_aside.append(original.name)
         return False
     except Exception:
         with contextlib.suppress(OSError):
             os.rename(claimed, original)
         raise
+    _mark_reported(run.state_dir, correlation_id)
     return True
 
 
-def _deliver(state_dir: Path, path: Path, send: SendResult, report: SweepReport) -> None:
+def _recovered_meta(state_dir: Path, correlation_id: str) -> dict[str, Any]:
+    """The task's ``meta`` from ``<id>.input``'s ``context`` (``tick`` writes it), or ``{}``."""
+    try:
+        context = read_json(state_dir / f"{correlation_id}{INPUT_SUFFIX}").get("context")
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(context, dict):
+        return {}
+    return {key: context[key] for key in RECOVERED_META if key in context}
+
+
+def _unreadable(run: _Sweep, path: Path, name: str, kind: str, why: str) -> Path | None:
+    """Move an unreadable file aside (ERROR line) and count it; ``None`` if it was gone."""
+    moved = move_aside(path, why, what=f"Unreadable {kind}")
+    if moved is None:
+        return None
+    run.report.moved_aside.append(name)
+    DETACHED_UNREADABLE_FILES.labels(kind).inc()
+    return moved
+
+
+def _reportable(run: _Sweep, correlation_id: str, name: str) -> bool:
+    """Whether a failure can and must be reported for the task of an unreadable file."""
+    if not _SAFE_ID.fullmatch(correlation_id):
+        _logger.error("Unreadable %s names no task: no failure can be reported for it", name)
+        return False
+    return not _reported(run.state_dir, correlation_id)  # else: reported, a leftover
+
+
+def _deliver(run: _Sweep, path: Path) -> None:
     claimed = claim(path)
     if claimed is None:
         return
     correlation_id = _correlation_id(path, RESULT_SUFFIX)
-    original = state_dir / f"{correlation_id}{RESULT_SUFFIX}"
+    original = run.state_dir / f"{correlation_id}{RESULT_SUFFIX}"
     try:
         result = read_json(claimed)
     except FileNotFoundError:
         return
     except (OSError, ValueError) as exc:
-        move_aside(claimed, str(exc))
-        report.moved_aside.append(path.name)
+        if _replace_result(run, claimed, path.name, correlation_id, str(exc)):
+            _deliver(run, original)
         return
-    if not _send(
-        claimed, original, send, correlation_id=correlation_id, result=result, report=report
-    ):
+    if _reported(run.state_dir, correlation_id):
+        _drop_late(run, claimed, correlation_id)
+        return
+    if not _send(run, claimed, original, correlation_id=correlation_id, result=result):
         return
     claimed.unlink(missing_ok=True)
     with contextlib.suppress(FileNotFoundError):
-        (state_dir / f"{correlation_id}{MARKER_SUFFIX}").unlink()
-    _forget(state_dir, correlation_id)
-    report.delivered.append(correlation_id)
+        (run.state_dir / f"{correlation_id}{MARKER_SUFFIX}").unlink()
+    _forget(run.state_dir, correlation_id)
+    run.report.delivered.append(correlation_id)
 
 
-def _expire(state_dir: Path, path: Path, send: SendResult, report: SweepReport) -> None:
+def _replace_result(run: _Sweep, claimed: Path, name: str, correlation_id: str, why: str) -> bool:
+    """Move an unreadable result aside; put a ``WORKER_DIED`` failure in its place if needed.
+
+    Its outcome is lost: its task must hear something, unless it was reported already.
+    """
+    moved = _unreadable(run, claimed, name, "result", why)
+    original = run.state_dir / f"{correlation_id}{RESULT_SUFFIX}"
+    if moved is None or not _reportable(run, correlation_id, name) or original.exists():
+        return False
+    why = f"the detached worker's result could not be read (kept as bad/{moved.name})"
+    meta = _recovered_meta(run.state_dir, correlation_id)
+    failure = _failure(correlation_id, WORKER_DIED, why, meta)
+    try:
+        write_atomically(original, json.dumps(failure).encode())
+    except OSError:
+        _logger.exception("Could not write the failure of %s", correlation_id)
+        return False
+    return True
+
+
+def _replace_marker(run: _Sweep, path: Path, why: str) -> tuple[Path, Marker] | None:
+    """Move an unreadable marker aside, and write a readable one for its task in its place.
+
+    Its start: the bad file's last write; its deadline: ``fallback_deadline_s`` after it; its
+    meta: what ``<id>.input`` holds. Its worker, if it runs, reports before (its own deadline
+    comes first); if it does not, the sweep reports ``WORKER_DIED`` at that deadline.
+    """
+    correlation_id = _correlation_id(path, MARKER_SUFFIX)
+    try:
+        written_at = path.stat().st_mtime
+    except FileNotFoundError:
+        return None
+    except OSError:
+        written_at = run.clocks.wall()
+    moved = _unreadable(run, path, path.name, "marker", why)
+    if moved is None or not _reportable(run, correlation_id, path.name):
+        return None
+    target = run.state_dir / f"{correlation_id}{MARKER_SUFFIX}"
+    if target.exists():
+        return None  # another sweep replaced it already
+    marker = Marker.handed_out(
+        correlation_id,
+        run.fallback_deadline_s,
+        _recovered_meta(run.state_dir, correlation_id),
+        # The file's age, from the wall clock (all there is), carried onto the boot clock.
+        age_s=max(0.0, run.clocks.wall() - written_at),
+        clocks=run.clocks,
+        recovered_from=moved.name,
+    )
+    try:
+        write_atomically(target, marker.to_json())
+    except OSError:
+        _logger.exception("Could not replace the unreadable marker of %s", correlation_id)
+        return None
+    _logger.warning(
+        "Marker %s replaced: WORKER_DIED at %s unless its worker's result comes first",
+        correlation_id,
+        marker.deadline_at,
+    )
+    return target, marker
+
+
+def _restart(run: _Sweep, path: Path, marker: Marker) -> None:
+    """A start in the future (a hand edit, a copied file): WARNING, and handed out now."""
+    _logger.warning("Marker %s starts in the future: taken as started now", path.name)
+    if not path.exists():
+        return  # reported meanwhile
+    try:
+        write_atomically(path, marker.restarted(run.clocks).to_json())
+    except OSError:
+        _logger.exception("Could not rewrite the marker of %s", marker.correlation_id)
+
+
+def _expire(run: _Sweep, path: Path) -> None:
     try:
         marker = Marker.from_json(read_json(path))
     except FileNotFoundError:
         return
     except (OSError, ValueError) as exc:
-        move_aside(path, str(exc))
-        report.moved_aside.append(path.name)
+        replaced = _replace_marker(run, path, str(exc))
+        if replaced is None:
+            return
+        path, marker = replaced
+    if marker.started_in_future(run.clocks):
+        _restart(run, path, marker)
         return
-    if not marker.past_deadline:
+    if not marker.is_past_deadline(run.clocks):
         return  # before its deadline, a marker means nothing yet, even if its worker died
     correlation_id = marker.correlation_id
-    original = state_dir / f"{correlation_id}{MARKER_SUFFIX}"
+    original = run.state_dir / f"{correlation_id}{MARKER_SUFFIX}"
     claimed = claim(path)
     if claimed is None:
         return
-    if (state_dir / f"{correlation_id}{RESULT_SUFFIX}").exists():
+    if _reported(run.state_dir, correlation_id):
+        _drop_late(run, claimed, correlation_id)
+        return
+    if (run.state_dir / f"{correlation_id}{RESULT_SUFFIX}").exists():
         # The worker finished after all: its own result goes out (now or at the next sweep).
         claimed.unlink(missing_ok=True)
         return
-    alive = marker.worker_alive()
+    alive = marker.worker_alive(run.clocks)
     if alive and marker.pid is not None:
         # Its identity checked (pid, start time, boot): the group it leads is the worker's.
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(marker.pid, signal.SIGKILL)
     code = TASK_TIMEOUT if alive else WORKER_DIED
-    message = (
-        f"the detached worker was still running at its deadline ({marker.deadline_at}) "
-        "and was killed"
-        if alive
-        else f"the detached worker died without a result (deadline {marker.deadline_at})"
-    )
     _logger.warning("Marker %s expired: %s", correlation_id, code)
-    result = {
-        "correlation_id": correlation_id,
-        "ok": False,
-        "error": {"code": code, "message": message},
-        "meta": marker.meta,
-    }
-    if not _send(
-        claimed, original, send, correlation_id=correlation_id, result=result, report=report
-    ):
+    message = _expiry_message(marker, alive, run.clocks)
+    # "expired": the sweep made this result, not the worker (the tick's decision line says so).
+    result = {**_failure(correlation_id, code, message, marker.meta), "expired": True}
+    if not _send(run, claimed, original, correlation_id=correlation_id, result=result):
         return
     claimed.unlink(missing_ok=True)
-    _forget(state_dir, correlation_id)
-    report.expired.append(correlation_id)
+    _forget(run.state_dir, correlation_id)
+    run.report.expired.append(correlation_id)
+
+
+def _failure(correlation_id: str, code: str, message: str, meta: dict[str, Any]) -> dict[str, Any]:
+    error = {"code": code, "message": message}
+    return {"correlation_id": correlation_id, "ok": False, "error": error, "meta": meta}
+
+
+def _expiry_message(marker: Marker, alive: bool, clocks: Clocks) -> str:
+    deadline = marker.deadline_at
+    if alive:
+        return f"the detached worker was still running at its deadline ({deadline}): killed"
+    if marker.from_another_boot(clocks):
+        return "the machine restarted before the detached worker left a result"
+    if marker.recovered_from is not None:
+        bad = f"bad/{marker.recovered_from}"
+        return f"the detached worker's marker could not be read (kept as {bad}), no result came"
+    return f"the detached worker died without a result (deadline {deadline})"

@@ -7,7 +7,7 @@ fixed set, so the number of series is bounded whatever the traffic:
 ========================================  =========================================  ===========
 metric                                    labels                                      series
 ========================================  =========================================  ===========
-``worker_tasks_total``                    ``status``: a settlement outcome            8
+``worker_tasks_total``                    ``status``: a settlement outcome            9
 ``worker_task_duration_seconds``          (histogram, arrival to settle, ran tasks)   1 (+buckets)
 ``worker_messages_published_total``       ``message_type``: a report type             4
 ``event_loop_lag_seconds``                ``component``: ``worker``                   1
@@ -23,11 +23,15 @@ metric                                    labels                                
 ``worker_sdk_info``                       ``version``                                 1
 ========================================  =========================================  ===========
 
-At most 136 series in all (a value outside a fixed set, which only a bug could send, is
+At most 137 series in all (a value outside a fixed set, which only a bug could send, is
 counted as ``other``), plus prometheus-client's process, platform and GC collectors. A user
 error code is a label value only if it matches the protocol's code pattern, and only the
 first :data:`MAX_USER_CODES` distinct ones get their own series; later ones are counted as
 ``OTHER`` (a handler building codes from data cannot blow up the scrape).
+
+One more counter lives on prometheus-client's default registry, for the processes that sweep
+detached state (docs/detached.md): ``worker_detached_unreadable_files_total`` (``kind``:
+``marker`` or ``result``; 2 series).
 """
 
 from __future__ import annotations
@@ -51,7 +55,6 @@ from prometheus_client.process_collector import ProcessCollector
 
 from async_task_api_worker._version import __version__
 from async_task_api_worker.context import ProgressDropReason
-from async_task_api_worker.errors import ERROR_CODE_PATTERN
 from async_task_api_worker.ports import (
     AckFailed,
     DeliveryReceived,
@@ -62,9 +65,21 @@ from async_task_api_worker.ports import (
     PublishFailed,
     ReportPublished,
 )
-from async_task_api_worker.protocol.codes import ErrorCode, PoisonReason, ReportType
+from async_task_api_worker.protocol.codes import (
+    ERROR_CODE_PATTERN,
+    ErrorCode,
+    PoisonReason,
+    ReportType,
+)
 
-__all__ = ["LOOP_LAG_COMPONENT", "MAX_USER_CODES", "OTHER_CODE", "WorkerMetrics"]
+__all__ = [
+    "DETACHED_FILE_KINDS",
+    "DETACHED_UNREADABLE_FILES",
+    "LOOP_LAG_COMPONENT",
+    "MAX_USER_CODES",
+    "OTHER_CODE",
+    "WorkerMetrics",
+]
 
 #: Distinct user error codes that get a series of their own in ``worker_task_failures_total``.
 MAX_USER_CODES: Final = 64
@@ -97,6 +112,19 @@ DURATION_BUCKETS_S: Final = (
 
 _SDK_CODES: Final = frozenset(ErrorCode)
 
+#: The ``kind`` of a detached state file in ``worker_detached_unreadable_files_total``.
+DETACHED_FILE_KINDS: Final = ("marker", "result")
+#: Detached state files (``async_task_api_worker.detached``) a sweep could not read. Unlike
+#: :class:`WorkerMetrics`, on prometheus-client's default registry: a sweep runs in its
+#: caller's process (the ``tick`` command, a script), and that registry is what it serves.
+DETACHED_UNREADABLE_FILES: Final = Counter(
+    "worker_detached_unreadable_files_total",
+    "Detached state files a sweep could not read and moved to bad/, by kind (marker, result).",
+    ["kind"],
+)
+for _kind in DETACHED_FILE_KINDS:
+    DETACHED_UNREADABLE_FILES.labels(_kind)
+
 
 class WorkerMetrics:
     """The worker's metrics, fed by the engine's events (an engine ``Observer``).
@@ -121,7 +149,7 @@ class WorkerMetrics:
         self.tasks = Counter(
             "worker_tasks_total",
             "Deliveries settled, by outcome (success, failure, poison, retry, publish_failed, "
-            "shutdown_requeued, cancelled, engine_error).",
+            "shutdown_requeued, cancelled, engine_error, detached).",
             ["status"],
             registry=registry,
         )

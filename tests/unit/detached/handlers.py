@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 from async_task_api_worker import FatalError
@@ -27,3 +28,17 @@ def crash(message: dict[str, Any]) -> dict[str, Any]:
 def refuse(message: dict[str, Any]) -> dict[str, Any]:
     """Fail on purpose, with a code."""
     raise FatalError("NOT_ALLOWED", "No.")
+
+
+def gated(message: dict[str, Any]) -> dict[str, Any]:
+    """Wait until the file ``gate`` exists (60 s at most): the test decides when it ends.
+
+    Creates the file ``running``, if given, first: the worker is past its start-up.
+    """
+    if "running" in message:
+        Path(message["running"]).touch()
+    gate = Path(message["gate"])
+    deadline = time.monotonic() + 60.0
+    while not gate.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return {"gated": gate.exists()}

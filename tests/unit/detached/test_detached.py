@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -16,29 +15,7 @@ import pytest
 
 from async_task_api_worker.detached import Marker, in_flight, spawn_detached, sweep
 from async_task_api_worker.detached.state import process_start_time, write_atomically
-
-HANDLERS = "tests.unit.detached.handlers"
-
-
-def wait_until(predicate: Any, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.02)
-
-
-class Inbox:
-    def __init__(self) -> None:
-        self.sent: list[tuple[str, dict[str, Any]]] = []
-        self._lock = threading.Lock()
-
-    def __call__(self, correlation_id: str, result: dict[str, Any]) -> None:
-        with self._lock:
-            self.sent.append((correlation_id, result))
-
-
-def marker_of(state: Path, correlation_id: str) -> dict[str, Any]:
-    return dict(json.loads((state / f"{correlation_id}.running").read_text()))
+from tests.unit.detached.support import HANDLERS, Inbox, marker_of, wait_until
 
 
 def test_a_finished_result_is_delivered_once_and_the_guard_follows_the_marker(
@@ -59,7 +36,7 @@ def test_a_finished_result_is_delivered_once_and_the_guard_follows_the_marker(
     assert result["ok"] is True and result["response"] == {"slept": 0.5}
     assert result["meta"] == {"k": 1} and result["correlation_id"] == "c-1"
     assert sweep(state, inbox).delivered == []  # once
-    assert sorted(p.name for p in state.iterdir()) == []
+    assert sorted(p.name for p in state.iterdir()) == ["c-1.done"]  # the record of the send
 
 
 def test_a_crash_is_a_structured_error_result(tmp_path: Path) -> None:
@@ -70,12 +47,16 @@ def test_a_crash_is_a_structured_error_result(tmp_path: Path) -> None:
     inbox = Inbox()
     sweep(state, inbox)
     results = dict(inbox.sent)
+    # The task call's words, as in every face (task_call.conclude_error).
     assert results["c-2"]["error"] == {
         "code": "INTERNAL_ERROR",
-        "message": "the work failed with an internal error",
+        "message": "the task failed with an internal error",
+        "retryable": False,
+        "retry_delay_s": None,
     }
     assert "hunter2" not in json.dumps(results["c-2"])
-    assert results["c-3"]["error"] == {"code": "NOT_ALLOWED", "message": "No."}
+    assert results["c-3"]["error"]["code"] == "NOT_ALLOWED"
+    assert results["c-3"]["error"]["message"] == "No."
 
 
 def test_a_killed_worker_is_reported_once_after_its_deadline_and_not_before(
@@ -163,9 +144,13 @@ def test_unreadable_files_are_moved_aside_and_the_sweep_goes_on(tmp_path: Path) 
     (state / "junk.running").write_bytes(b"\x00\xff garbage")
     inbox = Inbox()
     report = sweep(state, inbox)
-    assert [correlation_id for correlation_id, _ in inbox.sent] == ["good"]
     assert sorted(report.moved_aside) == ["junk.running", "torn.json"]
     assert len(list((state / "bad").iterdir())) == 2
+    # Never silence: the task each file names hears that its outcome is lost.
+    results = dict(inbox.sent)
+    assert sorted(results) == ["good", "junk", "torn"]
+    assert results["good"]["response"] == {"n": 1}
+    assert results["torn"]["error"]["code"] == results["junk"]["error"]["code"] == "WORKER_DIED"
 
 
 def test_a_handler_loaded_by_file_path_with_its_directory_importable(tmp_path: Path) -> None:
