@@ -21,6 +21,7 @@ from typing import Any, Final
 
 from async_task_api_worker.detached.run import run_work
 from async_task_api_worker.detached.state import (
+    DONE_SUFFIX,
     INPUT_SUFFIX,
     MARKER_SUFFIX,
     Marker,
@@ -87,6 +88,8 @@ def spawn_detached(
     marker = Marker.new(correlation_id, deadline_s, meta or {})
     write_atomically(state_dir / f"{correlation_id}{INPUT_SUFFIX}", json.dumps(message).encode())
     write_atomically(state_dir / f"{correlation_id}{MARKER_SUFFIX}", marker.to_json())
+    # New work under an id reported before: its one-outcome record is the old work's, not this.
+    (state_dir / f"{correlation_id}{DONE_SUFFIX}").unlink(missing_ok=True)
     argv = [
         sys.executable,
         "-c",

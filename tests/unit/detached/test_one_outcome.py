@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -123,3 +124,17 @@ def test_a_sweep_records_each_send_and_prunes_old_records(tmp_path: Path) -> Non
     later = fixed_clocks(0.0, (state / "o-6.done").stat().st_mtime + DONE_RETENTION_S + 1)
     sweep(state, Inbox(), clocks=later)
     assert list(state.glob("*.done")) == []
+
+
+def test_new_work_under_a_reported_id_is_reported_again(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "o-7.done").touch()  # the outcome of earlier work under this id went out
+    spawn_detached(state, "o-7", {"seconds": 0}, handler=f"{HANDLERS}:slow", deadline_s=30)
+    inbox = Inbox()
+    deadline = time.monotonic() + 30
+    while not inbox.sent:
+        assert time.monotonic() < deadline, "the new work's result was not sent"
+        sweep(state, inbox)
+        time.sleep(0.05)
+    assert [correlation_id for correlation_id, _ in inbox.sent] == ["o-7"]
