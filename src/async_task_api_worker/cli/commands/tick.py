@@ -15,6 +15,7 @@ from async_task_api_worker.cli.loading import load_worker
 from async_task_api_worker.detached.tick import run_tick
 from async_task_api_worker.errors import BrokerUnavailableError, SettingsError
 from async_task_api_worker.observability.logging import configure_logging
+from async_task_api_worker.observability.metrics import WorkerMetrics
 from async_task_api_worker.runtime.entry import prepare
 from async_task_api_worker.runtime.exit_codes import ExitCode
 
@@ -66,7 +67,15 @@ def tick_command(target: str, *, state_dir: str, budget_s: float, max_new: int) 
     settings = prepare(worker)
     _check_writable(Path(state_dir))
     configure_logging(settings.log_level)
-    tick = run_tick(worker, target, settings, Path(state_dir), budget_s=budget_s, max_new=max_new)
+    tick = run_tick(
+        worker,
+        target,
+        settings,
+        Path(state_dir),
+        budget_s=budget_s,
+        max_new=max_new,
+        observers=(WorkerMetrics(),),  # the same events move the same metrics as in ``run``
+    )
     try:
         report = _run_bounded(tick, budget_s)
     except TimeoutError:
