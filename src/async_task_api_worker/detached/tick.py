@@ -302,6 +302,9 @@ async def _sweep(
         return await asyncio.to_thread(sweep, state_dir, send, fallback_deadline_s=timeout_s)
     except _ResultNotReported:
         return SweepReport()
+    except Exception as exc:  # the state directory failed under the sweep: say so, go no further
+        report.problems.append(f"the sweep stopped ({type(exc).__name__}: {exc})")
+        return SweepReport()
 
 
 async def _next(deliveries: AsyncIterator[Delivery], wait_s: float) -> Delivery | None:

@@ -10,7 +10,6 @@ from typing import Any
 from async_task_api_worker.conclusion import ExecutionResult
 from async_task_api_worker.context import bind_task_fields
 from async_task_api_worker.ports import CancelToken, ExecutionRequest, Executor, Outcome
-from async_task_api_worker.task_call import conclude_error
 
 __all__ = ["StopSignal", "Stopped", "execute"]
 
@@ -48,11 +47,13 @@ async def execute(
     """Run ``request`` through ``executor`` and say how it ended.
 
     The call runs as its own task, so that a shutdown abort or a delivery cancel stops the
-    handler alone; a cancel of the caller's own task still propagates. An executor that raises
-    (a defect of its own) concludes the call as the task call concludes any exception.
+    handler alone; a cancel of the caller's own task still propagates.
 
     Raises:
         asyncio.CancelledError: the calling task itself was cancelled.
+        Exception: the executor itself failed (it could not start a process, write a state
+            file...): not the task's failure, so the engine gives the delivery back
+            (``engine_error``) instead of reporting one.
     """
     with bind_task_fields(task_fields):
         # The task copies the context here, so the handler's log records carry the fields.
@@ -76,9 +77,6 @@ async def execute(
         if stopped_by and not (current is not None and current.cancelling()):
             return Stopped(stopped_by[0])
         raise
-    except Exception as exc:
-        with bind_task_fields(task_fields):
-            return conclude_error(exc, timeout_s=request.timeout_s)
     finally:
         remove_abort()
         remove_cancel()

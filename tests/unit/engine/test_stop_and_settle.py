@@ -392,3 +392,28 @@ async def test_a_withdrawn_delivery_stops_retrying_and_is_not_settled() -> None:
     settlement = await asyncio.wait_for(handling, timeout=5)
     assert (settlement.outcome, settlement.action) == (Outcome.CANCELLED, Action.NONE)
     assert transport.unacked_count == 1  # nothing sent: the broker already requeued it
+
+
+class BrokenExecutor(InlineExecutor):
+    """An executor that cannot run the call at all (a fork that fails, a disk that is full)."""
+
+    async def execute(self, request: object) -> object:  # type: ignore[override]
+        raise OSError("no room left to start the task")
+
+
+async def test_an_executor_that_fails_itself_gives_the_delivery_back_without_a_failure_report(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    worker = Worker("svc")
+
+    @worker.task(timeout=60)
+    async def handle(task_input: Input, ctx: TaskContext) -> Output:
+        return Output()
+
+    transport = InMemoryTransport()
+    engine = Engine(worker, load_settings({}, read_environment=False), transport, BrokenExecutor())
+    settlement = await engine.handle(deliver(transport))
+    assert (settlement.outcome, settlement.action) == (Outcome.ENGINE_ERROR, Action.NACK_REQUEUE)
+    assert settlement.requeue_counted  # a broken executor cannot loop a task forever
+    assert [report.report.type for report in transport.published] == ["started"]
+    assert "OSError" in caplog.text
