@@ -18,7 +18,11 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from async_task_api_worker.protocol.codes import ERROR_CODE_PATTERN, MAX_ERROR_MESSAGE_CHARS
+from async_task_api_worker.protocol.codes import (
+    ERROR_CODE_PATTERN,
+    MAX_ERROR_MESSAGE_CHARS,
+    RESERVED_ERROR_CODES,
+)
 
 __all__ = [
     "Conclusion",
@@ -90,12 +94,20 @@ def conclusion_to_json(conclusion: Conclusion) -> dict[str, Any]:
     }
 
 
-def conclusion_from_json(document: object) -> Conclusion:
+def conclusion_from_json(
+    document: object, *, sdk_codes: frozenset[str] = frozenset()
+) -> Conclusion:
     """Read a conclusion back, checking every field.
+
+    Args:
+        document: the JSON object.
+        sdk_codes: the reserved codes (``protocol.codes.RESERVED_ERROR_CODES``) its writer may
+            claim: a child process cannot claim a timeout or a dead worker, only what its task
+            call concludes.
 
     Raises:
         ValueError: not the shape of the module's docstring, or a code, message or delay that
-            breaks the protocol's rules.
+            breaks the protocol's rules, or a reserved code outside ``sdk_codes``.
     """
     if not isinstance(document, dict) or not isinstance(document.get("ok"), bool):
         raise ValueError("not a conclusion (no boolean 'ok')")
@@ -111,6 +123,8 @@ def conclusion_from_json(document: object) -> Conclusion:
     retryable, delay = error.get("retryable", False), error.get("retry_delay_s")
     if not isinstance(code, str) or not ERROR_CODE_PATTERN.fullmatch(code):
         raise ValueError("a failure whose code breaks the code rule")
+    if code in RESERVED_ERROR_CODES and code not in sdk_codes:
+        raise ValueError(f"a failure with the SDK's own code {code}, which its writer cannot claim")
     if not isinstance(message, str) or len(message) > MAX_ERROR_MESSAGE_CHARS:
         raise ValueError("a failure whose message is not a string of at most 1,024 characters")
     if not isinstance(retryable, bool):

@@ -210,6 +210,10 @@ def main(argv: list[str] | None = None) -> None:
     correlation_id: str = arguments.correlation_id
     marker_path = state_dir / f"{correlation_id}{MARKER_SUFFIX}"
     marker = Marker.from_json(read_json(marker_path))
+    if marker.deadline_s is not None:
+        # The task's time runs from here, as a handler's does in the worker: an interpreter
+        # slow to start on a loaded machine does not eat into it.
+        marker = marker.restarted()
     marker.pid = os.getpid()
     marker.start_time = process_start_time(marker.pid)
     write_atomically(marker_path, marker.to_json())

@@ -39,7 +39,12 @@ from async_task_api_worker.conclusion import (
 )
 from async_task_api_worker.definition import Worker
 from async_task_api_worker.detached.spawn import spawn_detached
-from async_task_api_worker.detached.state import DONE_SUFFIX, MARKER_SUFFIX, RESULT_SUFFIX
+from async_task_api_worker.detached.state import (
+    DONE_SUFFIX,
+    INPUT_SUFFIX,
+    MARKER_SUFFIX,
+    RESULT_SUFFIX,
+)
 from async_task_api_worker.detached.sweep import SweepReport, Undeliverable, sweep
 from async_task_api_worker.engine.engine import Engine
 from async_task_api_worker.errors import BrokerUnavailableError
@@ -158,10 +163,14 @@ class DetachedExecutor:
         return HandedOff()
 
     def handed_out(self, task_id: str) -> bool:
-        """Whether ``task_id`` was handed out already (its marker, result or ``.done`` exists)."""
+        """Whether ``task_id`` was handed out already.
+
+        Any state file of the task says so: its input, its marker or its result, claimed by a
+        sweep in flight or not (a sweep sending its result right now), or its ``.done``.
+        """
         return any(
-            (self._state_dir / f"{task_id}{suffix}").exists()
-            for suffix in (MARKER_SUFFIX, RESULT_SUFFIX, DONE_SUFFIX)
+            any(self._state_dir.glob(f"{task_id}{suffix}*"))
+            for suffix in (INPUT_SUFFIX, MARKER_SUFFIX, RESULT_SUFFIX, DONE_SUFFIX)
         )
 
 
@@ -175,9 +184,21 @@ class _ResultNotReported(Exception):
     """The broker did not take a swept result's report: the sweep keeps the file and stops."""
 
 
+#: The SDK's own codes a detached result may carry: the task call's in the worker, its
+#: watchdog's ``TASK_TIMEOUT``, and the sweep's expiries.
+_DETACHED_CODES: Final = frozenset(
+    {
+        ErrorCode.INTERNAL_ERROR,
+        ErrorCode.INVALID_RESULT,
+        ErrorCode.TASK_TIMEOUT,
+        ErrorCode.WORKER_DIED,
+    }
+)
+
+
 def _conclusion_of(result: dict[str, Any]) -> Conclusion:
     try:
-        return conclusion_from_json(result)
+        return conclusion_from_json(result, sdk_codes=_DETACHED_CODES)
     except ValueError as exc:
         return Failure(ErrorCode.INVALID_RESULT, f"the detached worker's result is invalid: {exc}")
 
@@ -185,10 +206,13 @@ def _conclusion_of(result: dict[str, Any]) -> Conclusion:
 async def _report_swept(
     engine: Engine, service: str, correlation_id: str, result: dict[str, Any], reason: str
 ) -> Settlement:
+    # Lost state (an unreadable marker, no input left) leaves the task id (the file's name)
+    # and nothing else: attempt 1 of the worker's limit, and no client id (docs/protocol.md).
     meta = {"service": service, "task_id": correlation_id, **(result.get("meta") or {})}
     client_id = meta.get("client_id")
     try:
-        attempt, limit = int(meta.get("attempt", 1)), int(meta.get("delivery_limit", 1))
+        attempt = int(meta.get("attempt", 1))
+        limit = int(meta.get("delivery_limit", engine.delivery_limit))
     except (TypeError, ValueError) as exc:
         raise Undeliverable(f"meta that cannot be read ({type(exc).__name__})") from exc
     return await engine.report_result(
@@ -286,8 +310,11 @@ async def _sweep(
     """Sweep in a thread; each result goes out through the engine on this loop."""
     loop = asyncio.get_running_loop()
 
+    sent = SweepReport()  # what went out, kept if the sweep stops half-way
+
     def send(correlation_id: str, result: dict[str, Any]) -> None:
-        reason = "swept_expiry" if result.get("expired") else "swept_result"
+        expired = bool(result.get("expired"))
+        reason = "swept_expiry" if expired else "swept_result"
         future = asyncio.run_coroutine_threadsafe(
             _report_swept(engine, service, correlation_id, result, reason), loop
         )
@@ -295,16 +322,17 @@ async def _sweep(
         if settlement.outcome not in _SETTLED_WELL:
             report.record(settlement)
             raise _ResultNotReported(correlation_id)
+        (sent.expired if expired else sent.delivered).append(correlation_id)
 
     # A marker that cannot be read is given the task timeout, from its last write, to finish.
     timeout_s = engine.task_timeout_s
     try:
         return await asyncio.to_thread(sweep, state_dir, send, fallback_deadline_s=timeout_s)
     except _ResultNotReported:
-        return SweepReport()
+        return sent
     except Exception as exc:  # the state directory failed under the sweep: say so, go no further
         report.problems.append(f"the sweep stopped ({type(exc).__name__}: {exc})")
-        return SweepReport()
+        return sent
 
 
 async def _next(deliveries: AsyncIterator[Delivery], wait_s: float) -> Delivery | None:

@@ -144,6 +144,11 @@ class Engine:
         """The effective task timeout, in seconds."""
         return self._timeout_s
 
+    @property
+    def delivery_limit(self) -> int:
+        """``WORKER_DELIVERY_LIMIT``: the attempts a task gets where the broker counts them."""
+        return self._settings.worker_delivery_limit
+
     async def handle(self, delivery: Delivery, stop: StopSignal | None = None) -> Settlement:
         """Process and settle one delivery; never raises except ``asyncio.CancelledError``.
 

@@ -160,8 +160,8 @@ class JsonFormatter(logging.Formatter):
     task fields when bound; then the record's other ``extra`` fields that are not ``None``
     (values that are not JSON scalars become strings, cut at 4,096 characters); ``exc`` holds
     a traceback when the record carries one. URL passwords are replaced by ``***`` in every
-    string. A message is cut at 64 KiB. Never raises: a message whose arguments cannot be
-    formatted is logged as its template, without them.
+    string, keys included. A message is cut at 64 KiB. Never raises: a message whose arguments
+    cannot be formatted is logged as its template, without them.
     """
 
     def format(self, record: logging.LogRecord) -> str:
@@ -181,7 +181,7 @@ class JsonFormatter(logging.Formatter):
         for name, value in record.__dict__.items():
             if value is None or name in RECORD_ATTRIBUTES or name in line or name.startswith("_"):
                 continue
-            line[name] = json_scalar(value)
+            line[redact_secrets(str(name))] = json_scalar(value)  # a key may hold a URL too
         exc = record.exc_text
         if record.exc_info and record.exc_info[1] is not None:
             try:

@@ -124,7 +124,10 @@ class ReportError(BaseModel):
 
 
 class FailureReport(_ReportBase):
-    """The task failed; ``client_id`` is null only for a poison body without a valid one."""
+    """The task failed; ``client_id`` is null for a poison body without a valid one, or a lost one.
+
+    A lost one: a detached task whose marker and input could not be read (``WORKER_DIED``).
+    """
 
     type: Literal["failure"] = "failure"
     error: ReportError

@@ -23,10 +23,12 @@ from typing import Any, NoReturn
 
 from async_task_api_worker.conclusion import Conclusion, Failure
 from async_task_api_worker.definition import Worker
+from async_task_api_worker.errors import ReportEncodeError
 from async_task_api_worker.protocol.codes import ErrorCode
+from async_task_api_worker.protocol.encoding import canonical_dumps
 from async_task_api_worker.sfn.handler import read_request, result_channel, write_and_exit
 from async_task_api_worker.sfn.request import ErrorOutput
-from async_task_api_worker.task_call import DISCARD_PROGRESS, TaskFields, call_here
+from async_task_api_worker.task_call import DISCARD_PROGRESS, TaskFields, call_here, unreportable
 
 __all__ = ["run_task"]
 
@@ -62,5 +64,10 @@ def run_task(worker: Worker) -> NoReturn:
     if isinstance(conclusion, Failure):
         output = ErrorOutput(error=conclusion.code, message=conclusion.message)
         write_and_exit(result_fd, output.model_dump_json().encode(), 1)
-    body = json.dumps(conclusion.value, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
-    write_and_exit(result_fd, body.encode("utf-8"), 0)
+    try:
+        body = canonical_dumps(conclusion.value)  # the report encoder's own rule for JSON
+    except ReportEncodeError as exc:  # NaN, Infinity: as every face reports it
+        failure = unreportable(exc)
+        output = ErrorOutput(error=failure.code, message=failure.message)
+        write_and_exit(result_fd, output.model_dump_json().encode(), 1)
+    write_and_exit(result_fd, body, 0)

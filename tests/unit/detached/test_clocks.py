@@ -205,3 +205,19 @@ def test_the_watchdog_takes_a_start_in_the_future_as_now(tmp_path: Path) -> None
     finally:
         stop.set()
     assert read_json(tmp_path / "d-2.json")["error"]["code"] == "TASK_TIMEOUT"
+
+
+def test_a_tasks_time_runs_from_its_workers_start_not_from_the_hand_out(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    handed = spawn_detached(
+        state, "k-9", {"seconds": 30}, handler=f"{HANDLERS}:slow", deadline_s=30
+    )
+    wait_until(lambda: marker_of(state, "k-9").get("pid"))
+    started = Marker.from_json(marker_of(state, "k-9"))
+    try:
+        # The worker's interpreter start is not the task's time.
+        assert started.started_boot_s is not None and handed.started_boot_s is not None
+        assert started.started_boot_s > handed.started_boot_s
+        assert started.deadline_s == handed.deadline_s == 30
+    finally:
+        stop_worker(started.pid, started.start_time)

@@ -28,13 +28,13 @@ REPO = Path(__file__).resolve().parents[3]
 Seen = tuple[str, str]
 
 EXPECTED: dict[str, Seen] = {
-    "succeed": ("", '{"value": 42}'),
+    "succeed": ("", '{"value": 42.0}'),
     "fatal": ("NOT_ALLOWED", "Not allowed for this account."),
     "retryable": ("UPSTREAM_BUSY", "The upstream is busy."),
     "internal": ("INTERNAL_ERROR", "the task failed with an internal error"),
     "invalid_result": (
         "INVALID_RESULT",
-        "the handler's result failed its output model: value: int_parsing",
+        "the handler's result failed its output model: value: float_parsing",
     ),
     "exit": ("INTERNAL_ERROR", "the task failed with an internal error"),
 }
@@ -122,3 +122,16 @@ async def test_a_timeout_is_reported_alike_where_the_face_keeps_the_deadline(
         "detached worker": in_a_detached_worker("hang", tmp_path / "state", timeout_s=1),
     }
     assert seen == dict.fromkeys(seen, expected)
+
+
+async def test_a_result_that_is_not_json_is_reported_alike_by_the_worker_and_the_sfn_child() -> (
+    None
+):
+    # A detached worker's result file takes it; its tick's report then fails as the worker's.
+    expected = (
+        "INVALID_RESULT",
+        "the handler's result cannot be reported: value is not canonical JSON: ValueError",
+    )
+    assert await in_the_harness("nan", process=False) == expected
+    assert await in_the_harness("nan", process=True) == expected
+    assert in_a_step_functions_child("nan") == expected

@@ -13,13 +13,15 @@ from async_task_api_worker import FatalError, RetryableError, TaskContext, Worke
 class Job(BaseModel):
     """What the handler does."""
 
-    mode: Literal["succeed", "fatal", "retryable", "internal", "invalid_result", "exit", "hang"]
+    mode: Literal[
+        "succeed", "fatal", "retryable", "internal", "invalid_result", "exit", "hang", "nan"
+    ]
 
 
 class Answer(BaseModel):
     """A valid result."""
 
-    value: int
+    value: float
 
 
 def behave(job: Job) -> Answer:
@@ -34,6 +36,8 @@ def behave(job: Job) -> Answer:
         return {"value": "not a number"}  # type: ignore[return-value]
     if job.mode == "exit":
         raise SystemExit(3)
+    if job.mode == "nan":
+        return Answer(value=float("nan"))  # valid for the model, not JSON for a report
     return Answer(value=42)
 
 

@@ -28,6 +28,8 @@ from typing import Any, Final
 
 from async_task_api_worker.conclusion import Conclusion, conclusion_from_json, conclusion_to_json
 from async_task_api_worker.context import ProgressDropReason, ProgressUpdate
+from async_task_api_worker.observability.logging import TASK_FIELDS
+from async_task_api_worker.protocol.codes import ErrorCode
 from async_task_api_worker.protocol.encoding import MAX_REPORT_BYTES
 from async_task_api_worker.task_call import TaskFields
 
@@ -252,6 +254,9 @@ class LogMessage:
         if not logger.isEnabledFor(self.level):
             return
         record = logger.makeRecord(self.name, self.level, "(task process)", 0, self.msg, (), None)
+        # Who the task is, the worker says (its bound fields), not the child; and the line says
+        # where it came from, so that a child cannot pass its lines off as the worker's own.
+        record.task_process = True
         for key, value in self.extra.items():
             name = str(key)
             if name not in _RESERVED_LOG_KEYS and not name.startswith("_"):
@@ -285,10 +290,17 @@ class OutcomeMessage:
 
 ChildMessage = ProgressMessage | DropMessage | LogMessage | OutcomeMessage
 
+#: The SDK's own codes a child's outcome may carry: what its task call concludes, and its
+#: memory limit (``WORKER_CRASHED``). A timeout or a dead worker is the worker's to say.
+CHILD_CODES: Final = frozenset(
+    {ErrorCode.INTERNAL_ERROR, ErrorCode.INVALID_RESULT, ErrorCode.WORKER_CRASHED}
+)
 #: Characters of a log message the child sends (a longer one is cut).
 MAX_LOG_CHARS: Final = 32 * 1024
 # Attributes a relayed record may not take from the child's ``extra``.
-_RESERVED_LOG_KEYS: Final = frozenset({"message", "asctime", "args", "msg", "exc_info"})
+_RESERVED_LOG_KEYS: Final = frozenset(
+    {"message", "asctime", "args", "msg", "exc_info", "task_process", *TASK_FIELDS}
+)
 
 
 def _progress(message: dict[str, Any]) -> ProgressMessage:
@@ -335,7 +347,7 @@ def decode_child_message(message: dict[str, Any]) -> ChildMessage:
         return _log(message)
     if kind == "outcome":
         try:
-            return OutcomeMessage(conclusion_from_json(message))
+            return OutcomeMessage(conclusion_from_json(message, sdk_codes=CHILD_CODES))
         except ValueError as exc:
             raise ChannelError(f"an outcome that breaks the rules: {exc}") from exc
     raise ChannelError("a message of an unknown kind")

@@ -1,0 +1,76 @@
+"""The tick's own parts, without a broker: hand-outs, a sweep that stops half-way, lost state."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from async_task_api_worker.conclusion import Conclusion, Failure
+from async_task_api_worker.detached.state import write_atomically
+from async_task_api_worker.detached.tick import DetachedExecutor, TickReport, _sweep
+from async_task_api_worker.ports import Action, Outcome, Settlement
+
+
+def test_any_state_file_of_a_task_says_it_was_handed_out(tmp_path: Path) -> None:
+    executor = DetachedExecutor(tmp_path, "m:worker")
+    assert not executor.handed_out("t-1")
+    for name in ("t-1.input", "t-1.running", "t-1.json#claimed-0a1b", "t-1.done"):
+        (tmp_path / name).touch()
+        assert executor.handed_out("t-1"), name  # a claimed result: a sweep is sending it
+        (tmp_path / name).unlink()
+    (tmp_path / "t-10.running").touch()  # another task, whose id starts alike
+    assert not executor.handed_out("t-1")
+
+
+class FakeEngine:
+    """Reports the first result, refuses the second."""
+
+    task_timeout_s = 30.0
+    delivery_limit = 7
+
+    def __init__(self) -> None:
+        self.calls: list[dict[str, Any]] = []
+
+    async def report_result(self, conclusion: Conclusion, **ids: Any) -> Settlement:
+        self.calls.append(ids)
+        outcome = Outcome.SUCCESS if len(self.calls) == 1 else Outcome.PUBLISH_FAILED
+        return Settlement(outcome, Action.NONE, None, ids["task_id"], 1, 7)
+
+
+async def test_a_sweep_that_stops_half_way_keeps_what_it_delivered(tmp_path: Path) -> None:
+    for task_id in ("a-1", "a-2"):
+        result = {"ok": True, "response": {}, "meta": {"task_id": task_id}}
+        write_atomically(tmp_path / f"{task_id}.json", json.dumps(result).encode())
+    engine, report = FakeEngine(), TickReport()
+    swept = await _sweep(engine, "svc", tmp_path, 1.0, report)  # type: ignore[arg-type]
+    assert swept.delivered == ["a-1"]
+    assert not report.ok and "a-2" in report.problems[0]
+    assert (tmp_path / "a-2.json").exists()  # for the next tick
+
+
+async def test_a_result_whose_state_was_lost_is_reported_under_the_workers_limit(
+    tmp_path: Path,
+) -> None:
+    failure = {"ok": False, "error": {"code": "WORKER_DIED", "message": "lost"}, "meta": {}}
+    write_atomically(tmp_path / "b-1.json", json.dumps(failure).encode())
+    engine = FakeEngine()
+    await _sweep(engine, "svc", tmp_path, 1.0, TickReport())  # type: ignore[arg-type]
+    assert engine.calls == [
+        {
+            "task_id": "b-1",
+            "client_id": None,
+            "attempt": 1,
+            "delivery_limit": 7,
+            "reason": "swept_result",
+        }
+    ]
+
+
+def test_a_forged_sdk_code_in_a_result_is_an_invalid_result() -> None:
+    from async_task_api_worker.detached.tick import _conclusion_of
+
+    forged = _conclusion_of({"ok": False, "error": {"code": "POISON_MESSAGE", "message": "x"}})
+    assert isinstance(forged, Failure) and forged.code == "INVALID_RESULT"
+    died = _conclusion_of({"ok": False, "error": {"code": "WORKER_DIED", "message": "x"}})
+    assert died == Failure("WORKER_DIED", "x")
