@@ -284,3 +284,22 @@ def test_a_tick_whose_report_the_broker_refuses_exits_1_with_one_line_and_keeps_
     assert (state / "t-held.json").exists()  # a later tick sends it
     decided = decisions([json.loads(x) for x in done.stdout.splitlines() if x.startswith("{")])
     assert "outcome=publish_failed action=none" in decided["t-held"]["msg"]
+
+
+def test_a_redelivery_while_another_tick_sends_its_result_is_acked_not_run_again(
+    queues: Queues, tmp_path: Path
+) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    # Another tick's sweep has claimed t-0's result and is sending it right now.
+    meta = {"task_id": "t-0", "client_id": "c", "attempt": 1, "delivery_limit": 5}
+    result = {"ok": True, "response": {"attempt": 1}, "correlation_id": "t-0", "meta": meta}
+    write_atomically(state / "t-0.json#claimed-0123abcd", json.dumps(result).encode())
+    submit_raw(queues, {"seconds": 0})  # t-0 again: the first tick was killed before its ack
+    lines = logged_tick(queues, state, TARGET, max_new=1)
+    assert decisions(lines)["t-0"]["msg"] == (
+        "Delivery settled: outcome=detached action=ack code=- attempt=1/5 reason=already_handed_out"
+    )
+    queues.assert_drained(queues.in_queue)
+    assert reports(queues) == []  # no second `started`, no second run
+    assert not list(state.glob("t-0.running")) and not list(tmp_path.glob("t-0.*.*"))
