@@ -40,6 +40,7 @@ from async_task_api_worker.conclusion import (
 from async_task_api_worker.definition import Worker
 from async_task_api_worker.detached.spawn import spawn_detached
 from async_task_api_worker.detached.state import (
+    CLAIMED,
     DONE_SUFFIX,
     INPUT_SUFFIX,
     MARKER_SUFFIX,
@@ -168,10 +169,13 @@ class DetachedExecutor:
         Any state file of the task says so: its input, its marker or its result, claimed by a
         sweep in flight or not (a sweep sending its result right now), or its ``.done``.
         """
-        return any(
-            any(self._state_dir.glob(f"{task_id}{suffix}*"))
-            for suffix in (INPUT_SUFFIX, MARKER_SUFFIX, RESULT_SUFFIX, DONE_SUFFIX)
-        )
+        for suffix in (INPUT_SUFFIX, MARKER_SUFFIX, RESULT_SUFFIX, DONE_SUFFIX):
+            name = f"{task_id}{suffix}"
+            # The exact name, or its claimed form: an id may hold dots, and "t.json*" would also
+            # match the files of a task "t.json-b".
+            if (self._state_dir / name).exists() or any(self._state_dir.glob(f"{name}{CLAIMED}*")):
+                return True
+        return False
 
 
 def _meta(fields: TaskFields) -> dict[str, Any]:
@@ -207,12 +211,12 @@ async def _report_swept(
     engine: Engine, service: str, correlation_id: str, result: dict[str, Any], reason: str
 ) -> Settlement:
     # Lost state (an unreadable marker, no input left) leaves the task id (the file's name)
-    # and nothing else: attempt 1 of the worker's limit, and no client id (docs/protocol.md).
+    # and nothing else: attempt 1 under the queue's limit, and no client id (docs/protocol.md).
     meta = {"service": service, "task_id": correlation_id, **(result.get("meta") or {})}
     client_id = meta.get("client_id")
     try:
         attempt = int(meta.get("attempt", 1))
-        limit = int(meta.get("delivery_limit", engine.delivery_limit))
+        limit = None if meta.get("delivery_limit") is None else int(meta["delivery_limit"])
     except (TypeError, ValueError) as exc:
         raise Undeliverable(f"meta that cannot be read ({type(exc).__name__})") from exc
     return await engine.report_result(

@@ -144,11 +144,6 @@ class Engine:
         """The effective task timeout, in seconds."""
         return self._timeout_s
 
-    @property
-    def delivery_limit(self) -> int:
-        """``WORKER_DELIVERY_LIMIT``: the attempts a task gets where the broker counts them."""
-        return self._settings.worker_delivery_limit
-
     async def handle(self, delivery: Delivery, stop: StopSignal | None = None) -> Settlement:
         """Process and settle one delivery; never raises except ``asyncio.CancelledError``.
 
@@ -199,7 +194,7 @@ class Engine:
         task_id: str,
         client_id: str | None,
         attempt: int,
-        delivery_limit: int,
+        delivery_limit: int | None,
         reason: str,
     ) -> Settlement:
         """Report the conclusion of a task whose delivery was settled already, and log it.
@@ -214,7 +209,8 @@ class Engine:
             task_id: the task's id.
             client_id: its client's id (``None`` when it is lost: an unreadable marker).
             attempt: the attempt it was handed out at.
-            delivery_limit: the delivery limit it was handed out with.
+            delivery_limit: the delivery limit it was handed out with; ``None`` when it is
+                lost: the queue's own (``WORKER_DELIVERY_LIMIT``, 2 on a classic queue).
             reason: why the line is written (``swept_result``, ``swept_expiry``).
 
         Returns:
@@ -225,7 +221,9 @@ class Engine:
         self._notify(_RECEIVED)
         run = self.reporter_for(Delivery(body=b""), arrived_at)
         run.task_id, run.client_id = task_id, client_id
-        run.attempt, run.limit = attempt, delivery_limit
+        run.attempt = attempt
+        if delivery_limit is not None:
+            run.limit = delivery_limit
         run.seq = 1  # after the ``started`` report of the hand-off
         verdict = await report_conclusion(run, conclusion)
         return await self._settle_shielded(

@@ -20,6 +20,8 @@ def test_any_state_file_of_a_task_says_it_was_handed_out(tmp_path: Path) -> None
         assert executor.handed_out("t-1"), name  # a claimed result: a sweep is sending it
         (tmp_path / name).unlink()
     (tmp_path / "t-10.running").touch()  # another task, whose id starts alike
+    (tmp_path / "t-1.json-b.input").touch()  # and another: "t-1.json-b" (ids may hold dots)
+    (tmp_path / "t-1.done-2.done").touch()
     assert not executor.handed_out("t-1")
 
 
@@ -27,7 +29,6 @@ class FakeEngine:
     """Reports the first result, refuses the second."""
 
     task_timeout_s = 30.0
-    delivery_limit = 7
 
     def __init__(self) -> None:
         self.calls: list[dict[str, Any]] = []
@@ -49,7 +50,7 @@ async def test_a_sweep_that_stops_half_way_keeps_what_it_delivered(tmp_path: Pat
     assert (tmp_path / "a-2.json").exists()  # for the next tick
 
 
-async def test_a_result_whose_state_was_lost_is_reported_under_the_workers_limit(
+async def test_a_result_whose_state_was_lost_is_reported_under_the_queues_limit(
     tmp_path: Path,
 ) -> None:
     failure = {"ok": False, "error": {"code": "WORKER_DIED", "message": "lost"}, "meta": {}}
@@ -61,7 +62,7 @@ async def test_a_result_whose_state_was_lost_is_reported_under_the_workers_limit
             "task_id": "b-1",
             "client_id": None,
             "attempt": 1,
-            "delivery_limit": 7,
+            "delivery_limit": None,  # the engine's: the queue's own limit
             "reason": "swept_result",
         }
     ]

@@ -417,3 +417,30 @@ async def test_an_executor_that_fails_itself_gives_the_delivery_back_without_a_f
     assert settlement.requeue_counted  # a broken executor cannot loop a task forever
     assert [report.report.type for report in transport.published] == ["started"]
     assert "OSError" in caplog.text
+
+
+async def test_a_result_reported_after_its_delivery_writes_one_decision_line_and_settles_nothing(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from async_task_api_worker.conclusion import Failure
+
+    caplog.set_level(logging.INFO)
+    recorder = Recorder()
+    engine, transport = build(
+        blocking_worker(asyncio.Event(), []), observers=[recorder], worker_delivery_limit=4
+    )
+    settlement = await engine.report_result(
+        Failure("WORKER_DIED", "lost"),
+        task_id="t-9",
+        client_id=None,  # lost with the task's state
+        attempt=1,
+        delivery_limit=None,  # lost too: the queue's own
+        reason="swept_expiry",
+    )
+    assert (settlement.outcome, settlement.action) == (Outcome.FAILURE, Action.NONE)
+    assert (settlement.attempt, settlement.delivery_limit) == (1, 4)
+    ((published),) = transport.published
+    assert published.report.type == "failure" and published.report.report.client_id is None
+    (line,) = decision_records(caplog)
+    assert line.getMessage().endswith("code=WORKER_DIED attempt=1/4 reason=swept_expiry")
+    assert [type(event).__name__ for event in recorder.events][-1] == "DeliverySettled"
