@@ -258,6 +258,13 @@ async def run_tick(
     loop = asyncio.get_running_loop()
     ends = loop.time() + budget_s
     keep_free_s = margin_for(budget_s) if margin_s is None else margin_s
+    if max_new > 0 and budget_s <= keep_free_s:
+        _logger.warning(
+            "A budget of %g s leaves no room for new work (the last %g s are kept free): this "
+            "tick only sweeps",
+            budget_s,
+            keep_free_s,
+        )
     state_dir = Path(state_dir)
     transport = RabbitMQTransport(
         urls=settings.broker_urls(),

@@ -245,3 +245,4 @@ def test_a_tick_without_a_broker_exits_1_saying_why(tmp_path: Path) -> None:
     )
     assert done.returncode == 1
     assert "the broker did not answer within 2 s" in done.stderr
+    assert "leaves no room for new work" in done.stdout  # 6 s is all margin
