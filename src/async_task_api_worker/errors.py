@@ -72,6 +72,7 @@ __all__ = [
     "PublishError",
     "RemoteHandlerError",
     "ReportEncodeError",
+    "ReportRefusedError",
     "RetryableError",
     "SettingsError",
     "SettleError",
@@ -276,14 +277,27 @@ class PublishError(TransportError):
     """A report was not published, or the broker did not confirm it."""
 
 
-class MessageTooLargeError(PublishError):
-    """The broker refused a report for its size (RabbitMQ's ``max_message_size``).
+class ReportRefusedError(PublishError):
+    """The broker refused a report for what it holds, not for a passing condition.
 
-    Publishing it again cannot help: the task concludes with ``RESULT_TOO_LARGE``.
+    Publishing it again cannot help: the task concludes with ``INVALID_RESULT`` instead (Step
+    Functions' ``InvalidOutput``), or ``RESULT_TOO_LARGE`` when ``too_large`` is true.
+    """
+
+    code: ClassVar[str] = "INVALID_RESULT"
+    retryable: ClassVar[bool] = False
+    too_large: ClassVar[bool] = False
+
+
+class MessageTooLargeError(ReportRefusedError):
+    """The broker refused a report for its size (``max_message_size``, 256 KiB of output).
+
+    RabbitMQ's ``max_message_size``, or Step Functions' limit on a task's output. Publishing
+    it again cannot help: the task concludes with ``RESULT_TOO_LARGE``.
     """
 
     code: ClassVar[str] = "RESULT_TOO_LARGE"
-    retryable: ClassVar[bool] = False
+    too_large: ClassVar[bool] = True
 
 
 class SettleError(TransportError):

@@ -2,7 +2,8 @@
 
 A transport (RabbitMQ, in-memory, SQS/Step Functions) implements :class:`Transport`; an executor
 (inline, thread, process) implements :class:`Executor`; metrics and logs implement
-:class:`Observer`. The engine imports only this module, never an adapter.
+:class:`Observer`. The engine imports only this module, never an adapter. It is a little over
+400 lines: the contracts are one document, each method's rule beside its signature.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pydantic import BaseModel
 
 from async_task_api_worker.conclusion import ExecutionResult
 from async_task_api_worker.context import SyncTaskContext, TaskContext
+from async_task_api_worker.protocol.envelope import Envelope
 from async_task_api_worker.protocol.reports import EncodedReport
 
 __all__ = [
@@ -203,6 +205,39 @@ class Transport(Protocol):
     @property
     def publishing_blocked(self) -> bool:
         """Whether reports cannot be published right now (the broker blocks them: readiness)."""
+        ...
+
+    @property
+    def deletes_on_pickup(self) -> bool:
+        """Whether a message leaves the queue as it is handed out (SQS + Step Functions).
+
+        Such a transport cannot put a delivery back for another try: its caller (Step
+        Functions) is the only retry source. So every delivery is its task's one attempt
+        (``attempt=1/1``), a requeue ends the task with an error the caller can retry on, and
+        the drain lets a task in hand finish rather than give it back (seed 000, "Key
+        invariants").
+        """
+        ...
+
+    def envelope(self, delivery: Delivery, *, max_body_bytes: int) -> Envelope:
+        """The delivery's envelope, read from the transport's own message format.
+
+        RabbitMQ's bodies are the protocol's envelope (``protocol.envelope.decode_envelope``);
+        an SQS body is the Step Functions request, its task token held aside.
+
+        Raises:
+            EnvelopeDecodeError: the body is not a valid message; ``task_id`` is set when the
+                task can still be told (its failure is then reported).
+        """
+        ...
+
+    async def release(self, delivery: Delivery) -> None:
+        """Forget ``delivery``: the engine settled it, whatever the action (``none`` too).
+
+        Called once per delivery, after its settle; never raises. Where the transport holds
+        something for a delivery (Step Functions heartbeats, ECS task protection), it lets go
+        here.
+        """
         ...
 
     async def connect(self) -> None:

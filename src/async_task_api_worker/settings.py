@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from enum import StrEnum
 from typing import Annotated, Any, Final
 
-from pydantic import Field, SecretStr, ValidationError, field_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from async_task_api_worker.errors import SettingsError, TimeBudgetError
@@ -23,6 +23,7 @@ __all__ = [
     "LogLevel",
     "WorkerMode",
     "WorkerSettings",
+    "WorkerTransport",
     "check_time_budget",
     "describe_time_budget",
     "load_settings",
@@ -45,6 +46,16 @@ class WorkerMode(StrEnum):
 
     SERVICE = "service"
     JOB = "job"
+
+
+class WorkerTransport(StrEnum):
+    """Where the deliveries come from and the reports go (``WORKER_TRANSPORT``)."""
+
+    #: The AsyncTaskAPI platform: ``BROKER_URL``, ``IN_QUEUE_NAME``, ``OUT_QUEUE_NAME``.
+    RABBITMQ = "rabbitmq"
+    #: An SQS queue fed by a Step Functions ``waitForTaskToken`` state (``SQS_QUEUE_URL``,
+    #: the ``aws`` extra; docs/sfn.md).
+    SQS_SFN = "sqs-sfn"
 
 
 class EventLoopKind(StrEnum):
@@ -79,6 +90,15 @@ class WorkerSettings(BaseSettings):
     )
 
     # --- broker -------------------------------------------------------------------------------
+    worker_transport: WorkerTransport = WorkerTransport.RABBITMQ
+    """``rabbitmq`` (the AsyncTaskAPI platform) or ``sqs-sfn`` (SQS + Step Functions)."""
+    sqs_queue_url: Annotated[str, Field(min_length=1, max_length=2048)] | None = None
+    """``sqs-sfn``: the queue the Step Functions state sends to (required then)."""
+    sfn_heartbeat_interval_s: Annotated[float, Field(ge=0.1, le=3600, allow_inf_nan=False)] = 15.0
+    """``sqs-sfn``: seconds between two ``SendTaskHeartbeat`` calls per task; keep it well
+    under the state's ``HeartbeatSeconds``."""
+    sqs_wait_time_s: Annotated[int, Field(ge=0, le=20)] = 5
+    """``sqs-sfn``: the SQS long poll, in whole seconds (how long an idle stop may wait)."""
     broker_url: SecretStr = SecretStr("amqp://guest:guest@localhost:5672/")
     """AMQP URL of the broker (``amqp://user:password@host:5672/vhost``), or several separated
     by commas (the nodes of a cluster, tried in turn); passwords are never logged."""
@@ -148,6 +168,24 @@ class WorkerSettings(BaseSettings):
     def _amqp_url(cls, value: SecretStr) -> SecretStr:
         split_broker_urls(value.get_secret_value())
         return value
+
+    @field_validator("sqs_queue_url")
+    @classmethod
+    def _queue_url(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        from urllib.parse import urlsplit
+
+        parts = urlsplit(value.strip())
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError("must be an http:// or https:// URL naming a host")
+        return value.strip()
+
+    @model_validator(mode="after")
+    def _transport_needs(self) -> WorkerSettings:
+        if self.worker_transport is WorkerTransport.SQS_SFN and self.sqs_queue_url is None:
+            raise ValueError("SQS_QUEUE_URL: required with WORKER_TRANSPORT=sqs-sfn")
+        return self
 
     def broker_urls(self) -> tuple[str, ...]:
         """The broker URLs of ``BROKER_URL``, in the order they are tried."""
@@ -226,10 +264,12 @@ def load_settings(
         return cls(**dict(values or {}))
     except ValidationError as exc:
         first = exc.errors(include_url=False, include_input=False)[0]
-        name = ".".join(str(part) for part in first["loc"]).upper() or "settings"
+        name = ".".join(str(part) for part in first["loc"]).upper()
         more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
         rule = first["msg"].removeprefix("Value error, ")
-        raise SettingsError(f"invalid setting {name}: {rule}{more}") from None
+        # A rule between settings names its variable itself ("SQS_QUEUE_URL: required ...").
+        subject = f"{name}: {rule}" if name else rule
+        raise SettingsError(f"invalid setting {subject}{more}") from None
 
 
 def split_broker_urls(value: str) -> tuple[str, ...]:

@@ -16,6 +16,7 @@ here; the task call (:mod:`async_task_api_worker.task_call`) owns the input rule
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
@@ -101,6 +102,10 @@ class Refused:
     poison_reason: str | None = None
 
 
+def _protocol_envelope(delivery: Delivery, *, max_body_bytes: int) -> Envelope:
+    return decode_envelope(delivery.body, max_body_bytes=max_body_bytes)
+
+
 def admit(
     delivery: Delivery,
     attempt: Attempt,
@@ -108,6 +113,7 @@ def admit(
     task: TaskDefinition,
     service: str,
     max_body_bytes: int,
+    envelope_of: Callable[..., Envelope] = _protocol_envelope,
 ) -> Admitted | Refused:
     """Decide whether ``delivery`` runs (see the module); a poison message is logged here.
 
@@ -117,9 +123,12 @@ def admit(
         task: the worker's task (its input model).
         service: the worker's service name; an envelope for another one is poison.
         max_body_bytes: ``WORKER_MAX_MESSAGE_BYTES``.
+        envelope_of: reads the envelope from the transport's message format
+            (``Transport.envelope``: called with the delivery and ``max_body_bytes=``; it raises
+            ``EnvelopeDecodeError``); default: the body is the protocol's envelope.
     """
     try:
-        envelope = decode_envelope(delivery.body, max_body_bytes=max_body_bytes)
+        envelope = envelope_of(delivery, max_body_bytes=max_body_bytes)
         if envelope.service != service:
             raise EnvelopeDecodeError(
                 PoisonReason.WRONG_SERVICE,

@@ -131,6 +131,9 @@ class Engine:
         self._wall_clock = wall_clock
         self._jitter = jitter
         self._timeout_s = settings.task_timeout_s(self._task.timeout_s)
+        # A transport that deletes a message on pickup cannot put it back for another try: its
+        # caller (Step Functions) retries, so each delivery is its task's one attempt.
+        self._delivery_limit = 1 if transport.deletes_on_pickup else settings.worker_delivery_limit
         self._hold_s = settings.delivery_hold_s()
         if max_hold_s is not None:
             self._hold_s = min(self._hold_s, max_hold_s)
@@ -253,7 +256,7 @@ class Engine:
         """
         attempt = attempt_of(
             delivery,
-            delivery_limit=self._settings.worker_delivery_limit,
+            delivery_limit=self._delivery_limit,
             count_known=self._transport.delivery_count_known,
         )
         return DeliveryReporter(
@@ -281,6 +284,7 @@ class Engine:
             task=self._task,
             service=self._service,
             max_body_bytes=self._settings.worker_max_message_bytes,
+            envelope_of=self._transport.envelope,
         )
         if isinstance(admission, Admitted):
             run.task_id, run.client_id = admission.fields.task_id, admission.fields.client_id

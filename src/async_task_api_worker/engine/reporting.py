@@ -11,7 +11,7 @@ from enum import StrEnum
 from typing import Any, Final
 
 from async_task_api_worker.context import ProgressDropReason, ProgressUpdate, task_log_extra
-from async_task_api_worker.errors import MessageTooLargeError, PublishError, ReportEncodeError
+from async_task_api_worker.errors import PublishError, ReportEncodeError, ReportRefusedError
 from async_task_api_worker.observability.redaction import exception_type_name
 from async_task_api_worker.ports import (
     CancelToken,
@@ -120,7 +120,8 @@ class DeliveryReporter:
 
         Raises:
             ReportEncodeError: the response is not canonical JSON, or the report is larger than
-                ``max_report_bytes`` or than the broker accepts (``too_large`` is then true).
+                ``max_report_bytes`` or than the broker accepts (``too_large`` is then true), or
+                the broker refused it for its content (``ReportRefusedError``).
         """
         return await self._publish(
             SuccessReport.model_construct(**self._fields(), response=response)
@@ -189,15 +190,20 @@ class DeliveryReporter:
                     self.delivery.cancel_token,
                     self.abort,
                 )
-            except MessageTooLargeError as exc:
+            except ReportRefusedError as exc:
+                # Refused for what it holds (its size, Step Functions' InvalidOutput): trying
+                # again cannot help, and the task concludes with the failure this becomes.
                 self.notify(PublishFailed(report.type))
+                for_what = "for its size" if exc.too_large else "for its content"
                 raise ReportEncodeError(
                     f"the broker refused the {report.type} report of {len(encoded.body)} bytes "
-                    f"for its size ({exc})",
-                    too_large=True,
+                    f"{for_what} ({exc})",
+                    too_large=exc.too_large,
                 ) from exc
             except PublishError as exc:
                 self.notify(PublishFailed(report.type))
+                if self._stopped() is not None:
+                    continue  # withdrawn or aborted meanwhile: said once, at the loop's top
                 refusals += 1
                 now = self.monotonic()
                 if progress or refusals == 1 or now - logged_at >= HOLD_LOG_EVERY_S:

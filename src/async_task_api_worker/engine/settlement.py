@@ -189,4 +189,10 @@ class Settler:
         self._notify(
             DeliverySettled(settlement, self._monotonic() - arrived_at, verdict.handler_ran)
         )
+        try:
+            await self._transport.release(run.delivery)
+        except Exception as exc:  # the contract says it never raises: an adapter bug, logged
+            _logger.error(
+                "The transport failed to release a delivery (%s)", exception_type_name(exc)
+            )
         return settlement

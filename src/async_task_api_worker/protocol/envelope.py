@@ -39,9 +39,11 @@ __all__ = [
     "SERVICE_PATTERN",
     "Envelope",
     "InputRef",
+    "check_depth",
     "decode_envelope",
     "describe_validation_error",
     "model_field_names",
+    "read_object",
 ]
 
 #: The protocol version this SDK speaks (the envelope's and reports' ``protocol_version``).
@@ -217,21 +219,19 @@ def _recover_id(document: dict[str, Any], key: str) -> str | None:
 _ENVELOPE_NAMES = model_field_names(Envelope)
 
 
-def decode_envelope(body: bytes, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> Envelope:
-    """Decode an inbound body into an :class:`Envelope`.
+def read_object(body: bytes, *, max_body_bytes: int) -> tuple[dict[str, Any], str]:
+    """Read a body as one strict JSON object: the first half of every inbound decoder.
 
     Args:
-        body: the message body, as the broker delivered it.
+        body: the message body.
         max_body_bytes: the largest body accepted, in bytes.
 
     Returns:
-        The validated envelope.
+        The object and its text.
 
     Raises:
-        EnvelopeDecodeError: the body is not a valid envelope; ``reason`` is one of
-            :class:`~async_task_api_worker.protocol.codes.PoisonReason`, and ``task_id`` /
-            ``client_id`` are set when the body is a JSON object carrying valid ones. Nothing
-            else is raised, whatever the bytes.
+        EnvelopeDecodeError: too large, not UTF-8, not strict JSON (NaN, 1e400, an integer past
+            4,300 digits, too deep for the parser), or not an object; no task id is known yet.
     """
     if len(body) > max_body_bytes:
         raise EnvelopeDecodeError(
@@ -268,8 +268,18 @@ def decode_envelope(body: bytes, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
         raise EnvelopeDecodeError(
             PoisonReason.NOT_AN_OBJECT, f"body is a JSON {_json_kind(document)}, not an object"
         )
-    task_id = _recover_id(document, "task_id")
-    client_id = _recover_id(document, "client_id")
+    return document, text
+
+
+def check_depth(
+    document: dict[str, Any], text: str, *, task_id: str | None, client_id: str | None
+) -> None:
+    """Refuse a body that nests deeper than :data:`MAX_NESTING_DEPTH` levels.
+
+    Raises:
+        EnvelopeDecodeError: it does (``too_deep``), with the ids given, so that the task can
+            still be told.
+    """
     # Every array or object opens with a bracket, so a text with at most MAX_NESTING_DEPTH of
     # them cannot nest deeper: the walk (a few percent of a task's CPU) is only for the rest.
     brackets = text.count("{") + text.count("[")
@@ -280,6 +290,28 @@ def decode_envelope(body: bytes, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
             task_id=task_id,
             client_id=client_id,
         )
+
+
+def decode_envelope(body: bytes, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> Envelope:
+    """Decode an inbound body into an :class:`Envelope`.
+
+    Args:
+        body: the message body, as the broker delivered it.
+        max_body_bytes: the largest body accepted, in bytes.
+
+    Returns:
+        The validated envelope.
+
+    Raises:
+        EnvelopeDecodeError: the body is not a valid envelope; ``reason`` is one of
+            :class:`~async_task_api_worker.protocol.codes.PoisonReason`, and ``task_id`` /
+            ``client_id`` are set when the body is a JSON object carrying valid ones. Nothing
+            else is raised, whatever the bytes.
+    """
+    document, text = read_object(body, max_body_bytes=max_body_bytes)
+    task_id = _recover_id(document, "task_id")
+    client_id = _recover_id(document, "client_id")
+    check_depth(document, text, task_id=task_id, client_id=client_id)
     version = document.get("protocol_version")
     if version != PROTOCOL_VERSION and isinstance(version, int) and not isinstance(version, bool):
         raise EnvelopeDecodeError(

@@ -10,12 +10,13 @@ import asyncio
 import logging
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from async_task_api_worker.definition import Worker
-from async_task_api_worker.errors import BrokerUnavailableError, ConfigError
+from async_task_api_worker.errors import BrokerUnavailableError, ConfigError, SettingsError
 from async_task_api_worker.observability.logging import configure_logging
+from async_task_api_worker.ports import Transport
 from async_task_api_worker.runtime.exit_codes import ExitCode
 from async_task_api_worker.runtime.hooks import STUCK_CHECK_S
 from async_task_api_worker.runtime.loops import loop_factory, run_on
@@ -26,11 +27,12 @@ from async_task_api_worker.runtime.threads import TaskAwareExecutor
 from async_task_api_worker.settings import (
     WorkerMode,
     WorkerSettings,
+    WorkerTransport,
     check_time_budget,
     load_settings,
 )
 
-__all__ = ["prepare", "run_worker", "serve_worker"]
+__all__ = ["prepare", "run_worker", "runner_for", "serve_worker", "transport_for"]
 
 _logger = logging.getLogger("async_task_api_worker.runtime")
 
@@ -39,33 +41,77 @@ def prepare(worker: Worker, overrides: Mapping[str, Any] | None = None) -> Worke
     """Load the settings and check the worker against them, before any connection.
 
     Raises:
-        SettingsError: a setting is invalid (``TimeBudgetError``: the time budget fails), or
-            ``WORKER_EVENT_LOOP=uvloop`` without uvloop installed.
+        SettingsError: a setting is invalid (``TimeBudgetError``: the time budget fails on
+            RabbitMQ), or ``WORKER_EVENT_LOOP=uvloop`` without uvloop installed.
         NoTaskError: the worker has no task.
     """
     settings = load_settings(overrides)
-    check_time_budget(settings, worker.task_definition.timeout_s)
+    if settings.worker_transport is WorkerTransport.RABBITMQ:
+        # RabbitMQ's consumer timeout bounds a delivery's life; Step Functions keeps a token
+        # alive with heartbeats instead, and retries on its own.
+        check_time_budget(settings, worker.task_definition.timeout_s)
     loop_factory(settings.worker_event_loop)  # WORKER_EVENT_LOOP=uvloop needs uvloop installed
     return settings
 
 
-def rabbitmq_runner(worker: Worker, settings: WorkerSettings) -> Runner:
-    """A runner for ``worker`` on the RabbitMQ broker of ``BROKER_URL``."""
+def transport_for(worker: Worker, settings: WorkerSettings, **options: Any) -> Transport:
+    """The transport ``WORKER_TRANSPORT`` names, for ``worker``; nothing is connected yet.
+
+    Job mode takes one delivery at a time, whatever ``WORKER_CONCURRENCY`` says (which then only
+    sizes the handler slots and the thread pool), and gives up connecting in time.
+
+    Args:
+        worker: the worker.
+        settings: its settings.
+        **options: more arguments for the SQS + Step Functions transport (the seed-000 face:
+            its clients, its error names).
+
+    Raises:
+        SettingsError: ``WORKER_TRANSPORT=sqs-sfn`` without boto3 installed (the ``aws`` extra).
+    """
+    job = settings.worker_mode is WorkerMode.JOB
+    prefetch = 1 if job else settings.worker_concurrency
+    connect_timeout_s = settings.worker_job_connect_timeout_s if job else None
+    if settings.worker_transport is WorkerTransport.SQS_SFN:
+        try:
+            from async_task_api_worker.transports.sqs_sfn import (
+                SqsSfnTransport,
+                protection_minutes,
+            )
+        except ImportError as exc:
+            raise SettingsError(
+                "invalid setting WORKER_TRANSPORT: sqs-sfn needs boto3 "
+                "(pip install 'async-task-api-worker[aws]')"
+            ) from exc
+        assert settings.sqs_queue_url is not None  # noqa: S101 - the settings require it
+        timeout_s = settings.task_timeout_s(worker.task_definition.timeout_s)
+        return SqsSfnTransport(
+            queue_url=settings.sqs_queue_url,
+            service=worker.name,
+            prefetch=prefetch,
+            heartbeat_interval_s=settings.sfn_heartbeat_interval_s,
+            protection_minutes=protection_minutes(timeout_s),
+            wait_time_s=settings.sqs_wait_time_s,
+            max_body_bytes=settings.worker_max_message_bytes,
+            connect_timeout_s=connect_timeout_s,
+            **options,
+        )
     from async_task_api_worker.transports.rabbitmq import RabbitMQTransport
 
-    job = settings.worker_mode is WorkerMode.JOB
-    transport = RabbitMQTransport(
+    return RabbitMQTransport(
         urls=settings.broker_urls(),
         in_queue=settings.in_queue(worker.name),
         out_queue=settings.out_queue(worker.name),
-        # Job mode takes one delivery at a time, whatever WORKER_CONCURRENCY says (which then
-        # only sizes the handler slots and the thread pool), and gives up connecting in time.
-        prefetch=1 if job else settings.worker_concurrency,
+        prefetch=prefetch,
         service=worker.name,
         heartbeat_s=settings.broker_heartbeat_s,
-        connect_timeout_s=settings.worker_job_connect_timeout_s if job else None,
+        connect_timeout_s=connect_timeout_s,
     )
-    return Runner(worker, settings, transport)
+
+
+def runner_for(worker: Worker, settings: WorkerSettings) -> Runner:
+    """A runner for ``worker`` on the transport ``WORKER_TRANSPORT`` names."""
+    return Runner(worker, settings, transport_for(worker, settings))
 
 
 async def serve_worker(worker: Worker, settings: WorkerSettings | None = None) -> None:
@@ -82,7 +128,7 @@ async def serve_worker(worker: Worker, settings: WorkerSettings | None = None) -
         BrokerRefusedError: the broker refused the connection.
         BrokerUnavailableError: the transport gave up.
     """
-    runner = rabbitmq_runner(worker, settings or prepare(worker))
+    runner = runner_for(worker, settings or prepare(worker))
     async with serving_probes(runner):
         serving = asyncio.ensure_future(runner.serve())
         try:
@@ -140,11 +186,22 @@ async def _run_observed(runner: Runner) -> ExitCode:
     return code
 
 
-def run_worker(worker: Worker, *, runner: Runner | None = None) -> ExitCode:
+def run_worker(
+    worker: Worker,
+    *,
+    runner: Runner | None = None,
+    build: Callable[[], Runner] | None = None,
+) -> ExitCode:
     """Run ``worker`` until SIGTERM/SIGINT, in a new event loop; returns the exit code.
 
     The probes server runs from before the startup hooks to the end of the shutdown; logs are
     JSON lines on stdout (unless the application configured logging first).
+
+    Args:
+        worker: the worker.
+        runner: a runner made already (logging is then left as it is).
+        build: makes the runner, for a face with a transport or executor of its own (the
+            seed-000 ``sfn.Worker``); default: :func:`runner_for` on :func:`prepare`'s settings.
 
     Errors become exit codes with one line on stderr: 2 for configuration (a bad setting, the
     time budget, refused credentials, a probes port that cannot be bound), 1 for a broker that
@@ -152,9 +209,8 @@ def run_worker(worker: Worker, *, runner: Runner | None = None) -> ExitCode:
     """
     try:
         if runner is None:
-            settings = prepare(worker)
-            configure_logging(settings.log_level)
-            runner = rabbitmq_runner(worker, settings)
+            runner = build() if build is not None else runner_for(worker, prepare(worker))
+            configure_logging(runner.settings.log_level)
         return run_on(runner.settings.worker_event_loop, _run(runner))
     except ConfigError as exc:
         print(f"async-task-api-worker: {exc}", file=sys.stderr)

@@ -16,10 +16,12 @@ from async_task_api_worker.settings import WorkerSettings
 
 __all__ = [
     "CLOSE_TIMEOUT_S",
+    "FINISH_MARGIN_S",
     "GIVE_BACK_TIMEOUT_S",
     "STOP_CONSUMING_MIN_S",
     "STUCK_CHECK_S",
     "StartupHookError",
+    "drain_grace_s",
     "run_shutdown_hooks",
     "run_startup_hooks",
     "shutdown_bound_s",
@@ -37,21 +39,44 @@ CLOSE_TIMEOUT_S: Final = 5.0
 STOP_CONSUMING_MIN_S: Final = 5.0
 #: Time a handler thread started with ``asyncio.to_thread`` gets after the drain.
 STUCK_CHECK_S: Final = 2.0
+#: Time past its timeout a task in hand gets on a transport that deletes on pickup (its
+#: terminal report, the kill of its process group), in seconds.
+FINISH_MARGIN_S: Final = 10.0
 
 
-def shutdown_bound_s(settings: WorkerSettings) -> float:
+def drain_grace_s(
+    settings: WorkerSettings, task_timeout_s: float, *, deletes_on_pickup: bool
+) -> float:
+    """The grace period in-flight tasks get after the signal, in seconds.
+
+    ``WORKER_SHUTDOWN_GRACE_S``; on a transport that deletes on pickup (SQS + Step Functions)
+    at least the task timeout plus :data:`FINISH_MARGIN_S`: a task in hand cannot be put back in
+    a queue, so it is finished (seed 000: protection defers a stop until the message is done).
+    """
+    grace_s = settings.worker_shutdown_grace_s
+    if deletes_on_pickup:
+        grace_s = max(grace_s, task_timeout_s + FINISH_MARGIN_S)
+    return grace_s
+
+
+def shutdown_bound_s(settings: WorkerSettings, *, grace_s: float | None = None) -> float:
     """The longest a shutdown takes from the signal to the process exit, in seconds.
 
-    ``max(WORKER_SHUTDOWN_GRACE_S, 5) + 5 (nacks) + 5 (close) + WORKER_SHUTDOWN_HOOKS_TIMEOUT_S
-    + 2 (stuck threads)``: with the defaults, 25 + 17 = 42 s. A pod's
-    ``terminationGracePeriodSeconds`` must be at least this.
+    ``max(grace, 5) + 5 (nacks) + 5 (close) + WORKER_SHUTDOWN_HOOKS_TIMEOUT_S + 2 (stuck
+    threads)``, the grace being ``WORKER_SHUTDOWN_GRACE_S`` unless :func:`drain_grace_s` says
+    more (``grace_s``); on SQS, plus ``SQS_WAIT_TIME_S`` (a long poll in flight ends on its
+    own). With the defaults on RabbitMQ, 25 + 17 = 42 s. A pod's
+    ``terminationGracePeriodSeconds`` (an ECS container's ``stopTimeout``) must be at least this.
     """
+    grace = settings.worker_shutdown_grace_s if grace_s is None else grace_s
+    poll_s = settings.sqs_wait_time_s if settings.worker_transport == "sqs-sfn" else 0
     return (
-        max(settings.worker_shutdown_grace_s, STOP_CONSUMING_MIN_S)
+        max(grace, STOP_CONSUMING_MIN_S)
         + GIVE_BACK_TIMEOUT_S
         + CLOSE_TIMEOUT_S
         + settings.worker_shutdown_hooks_timeout_s
         + STUCK_CHECK_S
+        + poll_s
     )
 
 

@@ -3,8 +3,9 @@
 States: ``created → starting → running → draining → stopped``. A shutdown request is
 idempotent and safe in any state; the first one drains, a second one ends the grace period at
 once. The drain: stop consuming (deliveries in hand but not started are given back), let the
-in-flight tasks finish within ``WORKER_SHUTDOWN_GRACE_S``, give back the ones that did not
-(without burning a delivery attempt, and with no report), then close the transport.
+in-flight tasks finish within the grace period (``WORKER_SHUTDOWN_GRACE_S``; on a transport
+that deletes on pickup, at least the task timeout: ``hooks.drain_grace_s``), give back the ones
+that did not (without burning a delivery attempt, and with no report), then close the transport.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from async_task_api_worker.runtime.hooks import (
     GIVE_BACK_TIMEOUT_S,
     STOP_CONSUMING_MIN_S,
     StartupHookError,
+    drain_grace_s,
     run_shutdown_hooks,
     run_startup_hooks,
 )
@@ -82,6 +84,9 @@ class Runner:
         self._engine = Engine(
             worker, settings, transport, self._executor, observers=(self.metrics, *observers)
         )
+        self._grace_s = drain_grace_s(
+            settings, self._engine.task_timeout_s, deletes_on_pickup=transport.deletes_on_pickup
+        )
         self._state = RunnerState.CREATED
         self._stop = StopSignal()
         self._shutdown_requested = asyncio.Event()
@@ -99,6 +104,7 @@ class Runner:
         """Why :meth:`serve` returned ``FAILURE``: the startup hook's or the transport's error
         (``None`` when only a stuck handler made it fail)."""
         self._requested_at: float | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     @property
     def state(self) -> RunnerState:
@@ -109,6 +115,21 @@ class Runner:
     def in_flight(self) -> int:
         """Deliveries being processed right now."""
         return len(self._in_flight)
+
+    @property
+    def transport(self) -> Transport:
+        """The transport this runner consumes from."""
+        return self._transport
+
+    @property
+    def engine(self) -> Engine:
+        """The engine that settles this runner's deliveries."""
+        return self._engine
+
+    @property
+    def grace_s(self) -> float:
+        """The drain's grace period, in seconds (``runtime.hooks.drain_grace_s``)."""
+        return self._grace_s
 
     @property
     def worker(self) -> Worker:
@@ -147,14 +168,24 @@ class Runner:
         return failing
 
     def request_shutdown(self, reason: str = "requested") -> None:
-        """Ask for a graceful stop; a second call ends the grace period at once. Idempotent."""
+        """Ask for a graceful stop; a second call ends the grace period at once. Idempotent.
+
+        Safe from any thread: called off the serving loop, it is handed to that loop.
+        """
+        try:
+            running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if self._loop is not None and running is not self._loop:
+            self._loop.call_soon_threadsafe(self.request_shutdown, reason)
+            return
         if self._shutdown_requested.is_set():
             if not self._grace_over.is_set():
                 _logger.warning("Second shutdown request (%s): ending the grace period", reason)
                 self._grace_over.set()
             return
         _logger.info("Shutdown requested (%s): draining", reason)
-        self._requested_at = asyncio.get_running_loop().time()
+        self._requested_at = None if running is None else running.time()
         if self._state is RunnerState.RUNNING:
             self._state = RunnerState.DRAINING  # at once: readiness must say so from now on
         self._shutdown_requested.set()
@@ -173,6 +204,7 @@ class Runner:
         """
         if self._state is not RunnerState.CREATED:
             raise RuntimeError(f"serve() was already called (state: {self._state})")
+        self._loop = asyncio.get_running_loop()
         self._state = RunnerState.STARTING
         try:
             starting = asyncio.ensure_future(self._start())
@@ -310,7 +342,7 @@ class Runner:
             await consuming
         loop = asyncio.get_running_loop()
         # The grace period runs from the signal, stopping the consumer included.
-        grace_ends = (self._requested_at or loop.time()) + self._settings.worker_shutdown_grace_s
+        grace_ends = (self._requested_at or loop.time()) + self._grace_s
         if self._in_flight and not self._grace_over.is_set():
             _logger.info(
                 "Waiting up to %.1f s for the in-flight tasks (%d)",

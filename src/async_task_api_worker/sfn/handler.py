@@ -64,7 +64,12 @@ def _result_json(result: Any) -> str:
     if not isinstance(result, dict):
         raise TypeError(f"the handler returned {type(result).__name__}, not a JSON object")
     # Strict JSON: Step Functions refuses NaN and Infinity.
-    return json.dumps(result, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
+    text = json.dumps(result, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate: written as its \u escape, still JSON
+        text = json.dumps(result, allow_nan=False, separators=(",", ":"))
+    return text
 
 
 def _write_all(fd: int, data: bytes) -> None:

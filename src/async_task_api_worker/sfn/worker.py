@@ -1,54 +1,45 @@
-"""The parent side: poll SQS, protect the ECS task, run a subprocess per message, report to SFN.
+"""Seed 000's ``Worker``, on the engine, the SQS + Step Functions transport and subprocesses.
 
-Seed 000, "Architecture" and "Key invariants": Step Functions is the sole retry source (a
-message is deleted as soon as it is picked up, protection held); each message runs in a fresh
-subprocess in its own process group, killed whole (SIGKILL) when a heartbeat finds the task
-token stale or the message's time is up; heartbeats run beside the subprocess, never blocked by
-it; protection wraps the handling, so SIGTERM during a message waits for the next loop.
-
-The module is over 400 lines: seed 000 makes the parent one class and one extractable unit.
+Nothing here polls, handles a signal or reads a subprocess's output: the runtime runs the
+worker (signals, the bounded drain, probes, metrics, JSON logs), the engine settles each
+message (one decision line), the transport (``transports.sqs_sfn``) keeps seed 000's
+invariants (delete on pickup under ECS task protection, heartbeats, a stale token withdraws the
+message) and :mod:`.subprocesses` runs and reads the subprocess. What is left is the seed's
+names: the constructor, ``run``, the request schema, the exception registry and its levels, and
+the failure taxonomy's names for the SDK's codes.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import json
 import logging
 import math
-import os
-import signal
+import re
 import sys
-import tempfile
 from collections.abc import Callable, Mapping
 from typing import Any, Final, Generic, TypeVar
+from urllib.parse import urlsplit
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ConfigDict
 
-from async_task_api_worker.executors.process.group import (
-    TaskProcess,
-    signal_name,
-    spawn_in_new_session,
+from async_task_api_worker.context import SyncTaskContext
+from async_task_api_worker.definition import HandlerKind, TaskDefinition
+from async_task_api_worker.definition import Worker as TaskWorker
+from async_task_api_worker.protocol.envelope import SERVICE_PATTERN
+from async_task_api_worker.runtime.entry import prepare, run_worker, transport_for
+from async_task_api_worker.runtime.runner import Runner
+from async_task_api_worker.settings import WorkerSettings
+from async_task_api_worker.sfn.errors import AbortedStaleTask
+from async_task_api_worker.sfn.levels import ExceptionLevels
+from async_task_api_worker.sfn.request import WorkerRequest
+from async_task_api_worker.sfn.subprocesses import SEED_ERROR_NAMES, SubprocessExecutor
+from async_task_api_worker.transports.sqs_sfn import (
+    ProtectionLease,
+    SqsSfnTransport,
+    TaskProtection,
+    protection_minutes,
 )
-from async_task_api_worker.executors.process.output import OutputTail
-from async_task_api_worker.sfn._aws import StepFunctionsClient, make_clients
-from async_task_api_worker.sfn.errors import (
-    FRAMEWORK_EXCEPTIONS,
-    AbortedStaleTask,
-    MalformedMessage,
-    MalformedSubprocessOutput,
-    SubprocessCrashError,
-    SubprocessOutputTooLarge,
-    SubprocessTimeoutError,
-    UnknownSubprocessError,
-)
-from async_task_api_worker.sfn.handler import REQUEST_ENV, REQUEST_FILE_ENV
-from async_task_api_worker.sfn.protection import MAX_EXPIRES_IN_MINUTES, TaskProtection
-from async_task_api_worker.sfn.request import (
-    ErrorOutput,
-    WorkerRequest,
-    describe_validation_error,
-)
+from async_task_api_worker.transports.sqs_sfn.codec import MAX_OUTPUT_BYTES
+from async_task_api_worker.transports.sqs_sfn.protection import renew_period_s
 
 __all__ = ["MAX_OUTPUT_BYTES", "Worker"]
 
@@ -56,45 +47,34 @@ _logger = logging.getLogger("async_task_api_worker.sfn")
 
 RequestT = TypeVar("RequestT", bound=WorkerRequest)
 
-#: Step Functions' limit on a task's output (and on ``SendTaskSuccess``'s ``output``), bytes.
-MAX_OUTPUT_BYTES: Final = 256 * 1024
-#: ``SendTaskFailure`` limits, in characters.
-MAX_ERROR_CHARS: Final = 256
-MAX_CAUSE_CHARS: Final = 32768
-#: A request at least this large (UTF-8 bytes) goes in a private file, not the environment
-#: (Linux refuses one environment string of 128 KiB or more).
-MAX_ENV_REQUEST_BYTES: Final = 64 * 1024
-#: Error codes of a heartbeat for a token Step Functions no longer waits on.
-STALE_TOKEN_CODES: Final = frozenset({"TaskTimedOut", "InvalidToken", "TaskDoesNotExist"})
-_STDERR_TAIL_BYTES: Final = 16384
+#: The service name of a worker whose queue's name is not one (decision lines, metrics).
+DEFAULT_SERVICE: Final = "sfn-worker"
+_SERVICE_RE: Final = re.compile(SERVICE_PATTERN)
 
 
-def _fits_environment(body: str) -> bool:
-    try:
-        size = len(body.encode("utf-8"))
-    except UnicodeEncodeError:  # a lone surrogate cannot be passed to exec
-        return False
-    return size < MAX_ENV_REQUEST_BYTES and "\x00" not in body
+class SubprocessOutput(BaseModel):
+    """Any JSON object: what a subprocess returns is forwarded as it is."""
+
+    model_config = ConfigDict(extra="allow")
 
 
-def _token_of(body: str) -> str | None:
-    try:
-        document = json.loads(body)
-    except ValueError:
-        return None
-    token = document.get("task_token") if isinstance(document, dict) else None
-    return token if isinstance(token, str) and token.strip() else None
+def _never_called(request: WorkerRequest, ctx: SyncTaskContext) -> SubprocessOutput:
+    """The definition's handler: the subprocess executor runs a module instead."""
+    raise NotImplementedError
 
 
-def _strict_object(text: str) -> dict[str, Any] | None:
-    def refuse(constant: str) -> Any:
-        raise ValueError(constant)
+class _SubprocessWorker(TaskWorker):
+    """The engine's view of the worker: one task, whose input is the request schema."""
 
-    try:
-        value = json.loads(text, parse_constant=refuse)
-    except ValueError:
-        return None
-    return value if isinstance(value, dict) else None
+    def __init__(self, name: str, task: TaskDefinition) -> None:
+        super().__init__(name)
+        self._task = task
+
+
+def service_name(queue_url: str) -> str:
+    """The worker's service name: its queue's name when it is one, else ``sfn-worker``."""
+    name = urlsplit(queue_url).path.rstrip("/").rpartition("/")[2]
+    return name if _SERVICE_RE.fullmatch(name) else DEFAULT_SERVICE
 
 
 class Worker(Generic[RequestT]):
@@ -116,8 +96,14 @@ class Worker(Generic[RequestT]):
             consumer's ones only.
         sqs_client, stepfunctions_client: boto3 clients; default: made from the environment.
         protection: the ECS task protection client; default: from ``$ECS_AGENT_URI``.
-        poll_wait_seconds: the SQS long poll (how long a SIGTERM may wait when idle).
+        poll_wait_seconds: the SQS long poll, 0 to 20 (how long a SIGTERM may wait when idle).
         python: the interpreter that runs the subprocesses.
+
+    Raises:
+        ValueError: an empty queue URL, or a heartbeat, budget or poll out of range.
+
+    The process's other settings (``HEALTH_CHECK_PORT``, ``LOG_LEVEL``,
+    ``WORKER_SHUTDOWN_GRACE_S``...) are read from the environment when it runs (docs/sfn.md).
     """
 
     def __init__(
@@ -144,315 +130,112 @@ class Worker(Generic[RequestT]):
             and math.isfinite(message_processing_timeout_minutes)
         ):
             raise ValueError("message_processing_timeout_minutes must be a positive number")
-        self._schema = request_schema
-        self._select = select_subprocess_module
+        if not 0 <= int(poll_wait_seconds) <= 20:
+            raise ValueError("poll_wait_seconds must be 0 to 20 (SQS's long poll)")
         self._queue_url = sqs_queue_url
         self._heartbeat_s = float(heartbeat_interval_seconds)
         self._timeout_s = float(message_processing_timeout_minutes) * 60.0
-        self._levels: dict[type[BaseException], int] = dict(exception_levels or {})
-        # Built once: a subprocess can name a consumer exception, never a framework one.
-        self._subprocess_exception_for_name = {
-            kind.__name__: kind
-            for kind in self._levels
-            if not any(issubclass(kind, own) for own in FRAMEWORK_EXCEPTIONS)
-        }
+        self._levels = ExceptionLevels(exception_levels)
         self._clients = (sqs_client, stepfunctions_client)
         self._protection = protection
         self._poll_wait_s = int(poll_wait_seconds)
-        self._python = python
-        self._stopping = False
-        self._sqs: Any = None
-        self._sfn: StepFunctionsClient | None = None
+        self._definition = _SubprocessWorker(
+            service_name(sqs_queue_url),
+            TaskDefinition(
+                handler=_never_called,
+                kind=HandlerKind.SYNC,
+                input_model=request_schema,
+                output_model=SubprocessOutput,
+                timeout_s=self._timeout_s,
+            ),
+        )
+        self._executor = SubprocessExecutor(
+            select=select_subprocess_module, levels=self._levels, python=python
+        )
+        self._runner: Runner | None = None
 
     @property
     def protection_minutes(self) -> int:
         """Minutes of ECS task protection asked per message (the budget plus one)."""
-        return min(MAX_EXPIRES_IN_MINUTES, math.ceil(self._timeout_s / 60.0) + 1)
-
-    def run(self) -> None:
-        """Poll and handle messages until SIGTERM or SIGINT (a message in hand finishes first).
-
-        Raises:
-            ImportError: boto3 is missing (install ``async-task-api-worker[aws]``).
-        """
-        asyncio.run(self._run())
-
-    def request_stop(self) -> None:
-        """Stop after the message in hand, if any (what SIGTERM does)."""
-        if not self._stopping:
-            _logger.info("Stop requested: finishing the message in hand, if any")
-        self._stopping = True
-
-    async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
-        for number in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(number, self.request_stop)
-        try:
-            self._connect()
-            _logger.info("Polling %s", self._queue_url)
-            while not self._stopping:
-                messages = await self._receive()
-                for message in messages:
-                    await self.handle_message(message)
-        finally:
-            for number in (signal.SIGTERM, signal.SIGINT):
-                loop.remove_signal_handler(number)
-        _logger.info("Stopped")
-
-    def _connect(self) -> None:
-        if self._sqs is None or self._sfn is None:
-            sqs, sfn = make_clients(*self._clients)
-            self._sqs, self._sfn = sqs, StepFunctionsClient(sfn)
-        if self._protection is None:
-            self._protection = TaskProtection()
-
-    async def _receive(self) -> list[dict[str, Any]]:
-        try:
-            answer = await asyncio.to_thread(
-                self._sqs.receive_message,
-                QueueUrl=self._queue_url,
-                MaxNumberOfMessages=1,
-                WaitTimeSeconds=self._poll_wait_s,
-            )
-        except Exception as exc:
-            _logger.warning("Receiving from SQS failed (%s); retrying", type(exc).__name__)
-            await asyncio.sleep(1.0)
-            return []
-        return list(answer.get("Messages", []))
-
-    async def handle_message(self, message: Mapping[str, Any]) -> None:
-        """Handle one SQS message: protect, delete, run, report, unprotect. Never raises."""
-        self._connect()
-        assert self._protection is not None  # noqa: S101 - set by _connect
-        protection = self._protection
-        renewing = None
-        if protection.enabled:
-            await asyncio.to_thread(protection.enable, self.protection_minutes)
-            renewing = asyncio.ensure_future(self._renew_protection())
-        try:
-            await self._delete(message)
-            await self._process(str(message.get("Body", "")))
-        except Exception:
-            _logger.exception("The worker failed on a message")
-        finally:
-            if renewing is not None:
-                renewing.cancel()
-            if protection.enabled:
-                await asyncio.to_thread(protection.disable)
+        return protection_minutes(self._timeout_s)
 
     @property
     def renew_period_s(self) -> float:
         """Seconds between two renewals of the protection: a minute before it runs out."""
-        return max(60.0, (self.protection_minutes - 1) * 60.0)
+        return renew_period_s(self.protection_minutes)
 
-    async def _renew_protection(self) -> None:
-        assert self._protection is not None  # noqa: S101
-        while True:
-            await asyncio.sleep(self.renew_period_s)
-            await asyncio.to_thread(self._protection.enable, self.protection_minutes)
+    def settings(self) -> WorkerSettings:
+        """The process's settings: this worker's arguments, the rest from the environment.
 
-    async def _delete(self, message: Mapping[str, Any]) -> None:
-        # Delete-on-pickup: Step Functions, not SQS, retries (seed 000, invariants 1 and 2).
-        try:
-            await asyncio.to_thread(
-                self._sqs.delete_message,
-                QueueUrl=self._queue_url,
-                ReceiptHandle=message["ReceiptHandle"],
-            )
-        except Exception as exc:
-            _logger.warning(
-                "Could not delete the message (%s); it may be delivered again",
-                type(exc).__name__,
-            )
-
-    def _log(self, kind: type[BaseException], message: str, *args: object) -> None:
-        # The most specific registered class wins (the first in the exception's MRO).
-        level = next(
-            (self._levels[known] for known in kind.__mro__ if known in self._levels),
-            logging.ERROR,
-        )
-        _logger.log(level, message, *args, extra={"error": kind.__name__})
-
-    async def _process(self, body: str) -> None:
-        try:
-            request = self._schema.model_validate_json(body)
-        except ValidationError as exc:
-            token = _token_of(body)
-            self._log(
-                MalformedMessage,
-                "Malformed message (%s); %s",
-                describe_validation_error(exc),
-                "failing its task" if token else "no task token to report to",
-            )
-            if token:
-                await self._fail(token, MalformedMessage.__name__, describe_validation_error(exc))
-            return
-        token = request.task_token
-        try:
-            module = self._select(request)
-        except asyncio.CancelledError:
-            raise
-        except BaseException as exc:  # SystemExit too: routing code must not end the worker
-            self._log(type(exc), "No subprocess for the request: %s", type(exc).__name__)
-            await self._fail(token, type(exc).__name__, str(exc))
-            return
-        await self._run_subprocess(module, body, token)
-
-    async def _run_subprocess(self, module: str, body: str, token: str) -> None:
-        env = {k: v for k, v in os.environ.items() if k not in (REQUEST_ENV, REQUEST_FILE_ENV)}
-        request_path: str | None = None
-        if _fits_environment(body):
-            env[REQUEST_ENV] = body
-        else:
-            fd, request_path = tempfile.mkstemp(prefix="worker-request-")  # mode 0600
-            with os.fdopen(fd, "w", encoding="utf-8", errors="surrogatepass") as request_file:
-                request_file.write(body)
-            env[REQUEST_FILE_ENV] = request_path
-        # Room for whitespace around a result that is within the limit once compacted.
-        stdout = OutputTail("stdout", 4 * MAX_OUTPUT_BYTES + 1)
-        stderr = OutputTail("stderr", _STDERR_TAIL_BYTES)
-        stale = asyncio.Event()
-        child: TaskProcess | None = None
-        heartbeat = None
-        code: int | None = None
-        timed_out = False
-        try:
-            try:
-                child = await spawn_in_new_session(
-                    [self._python, "-m", module],
-                    env=env,
-                    stdout_fd=stdout.write_fd,
-                    stderr_fd=stderr.write_fd,
-                )
-            except (OSError, ValueError) as exc:  # no such interpreter, a NUL in the module
-                self._log(SubprocessCrashError, "%s could not be started", module)
-                await self._fail(
-                    token,
-                    SubprocessCrashError.__name__,
-                    f"the subprocess could not be started ({type(exc).__name__})",
-                )
-                return
-            finally:
-                stdout.close_write_end()
-                stderr.close_write_end()
-            stdout.start()
-            stderr.start()
-            _logger.info("Running %s (pid %d, its own process group)", module, child.pid)
-            heartbeat = asyncio.ensure_future(self._heartbeat(token, child, stale))
-            code = await child.reap(self._timeout_s)
-        finally:
-            if heartbeat is not None:
-                heartbeat.cancel()
-            if child is not None:
-                timed_out = code is None and not stale.is_set()
-                child.kill()  # always: a grandchild left behind goes with its task
-                code = await child.reap(5.0) if code is None else code
-                await child.gone(1.0)
-            await stdout.finish(1.0)
-            await stderr.finish(1.0)
-            if request_path is not None:
-                with contextlib.suppress(OSError):
-                    os.unlink(request_path)
-        if stderr.data:
-            _logger.info(
-                "The subprocess's stderr (last %d bytes): %s", len(stderr.data), stderr.text()
-            )
-        if stale.is_set():
-            self._log(AbortedStaleTask, "The task token went stale: %s was killed", module)
-            return
-        await self._conclude(token, module, code, stdout, timed_out=timed_out)
-
-    async def _conclude(
-        self, token: str, module: str, code: int | None, stdout: OutputTail, *, timed_out: bool
-    ) -> None:
-        if timed_out:
-            self._log(SubprocessTimeoutError, "%s ran past its time and was killed", module)
-            await self._fail(
-                token,
-                SubprocessTimeoutError.__name__,
-                f"the subprocess ran past {self._timeout_s / 60:g} minutes and was killed",
-            )
-            return
-        if code is not None and code < 0:
-            name = signal_name(code)
-            self._log(SubprocessCrashError, "%s was killed by %s", module, name)
-            await self._fail(token, SubprocessCrashError.__name__, f"killed by {name}")
-            return
-        text = stdout.data.decode("utf-8", "replace")
-        if code == 0 and stdout.total <= 4 * MAX_OUTPUT_BYTES:
-            output = _strict_object(text)
-            compact = None
-            if output is not None:
-                with contextlib.suppress(ValueError):  # 1e400 parses to inf: not JSON
-                    compact = json.dumps(
-                        output, ensure_ascii=False, separators=(",", ":"), allow_nan=False
-                    )
-            if compact is not None and len(compact.encode()) <= MAX_OUTPUT_BYTES:
-                await self._succeed(token, compact)
-                return
-            if compact is not None:
-                size = len(compact.encode())
-                self._log(SubprocessOutputTooLarge, "%s's result is %d bytes", module, size)
-                await self._fail(
-                    token,
-                    SubprocessOutputTooLarge.__name__,
-                    f"the result is {size} bytes; Step Functions takes {MAX_OUTPUT_BYTES}",
-                )
-                return
-        elif code == 0:
-            self._log(SubprocessOutputTooLarge, "%s wrote %d bytes", module, stdout.total)
-            await self._fail(
-                token,
-                SubprocessOutputTooLarge.__name__,
-                f"the result is over {MAX_OUTPUT_BYTES} bytes",
-            )
-            return
-        elif code == 1:
-            document = _strict_object(text)
-            try:
-                envelope = ErrorOutput.model_validate(document)
-            except ValidationError:
-                envelope = None
-            if envelope is not None:
-                await self._fail_from_subprocess(token, module, envelope)
-                return
-        self._log(MalformedSubprocessOutput, "%s exited with %s and no valid output", module, code)
-        await self._fail(
-            token,
-            MalformedSubprocessOutput.__name__,
-            f"the subprocess exited with code {code} without a valid result",
+        Raises:
+            SettingsError: a setting in the environment is invalid.
+        """
+        return prepare(
+            self._definition,
+            {
+                "worker_transport": "sqs-sfn",
+                "sqs_queue_url": self._queue_url,
+                "sfn_heartbeat_interval_s": self._heartbeat_s,
+                "sqs_wait_time_s": self._poll_wait_s,
+                "worker_concurrency": 1,  # one message at a time, as seed 000
+                "worker_mode": "service",
+                "worker_task_timeout_s": None,  # the budget is the constructor's
+            },
         )
 
-    async def _fail_from_subprocess(self, token: str, module: str, envelope: ErrorOutput) -> None:
-        kind = self._subprocess_exception_for_name.get(envelope.error)
-        if kind is None:
-            self._log(UnknownSubprocessError, "%s raised an unknown %s", module, envelope.error)
-            await self._fail(
-                token,
-                UnknownSubprocessError.__name__,
-                f"{envelope.error[:MAX_ERROR_CHARS]}: {envelope.message}",
+    def runner(self) -> Runner:
+        """The runner of this worker (made once): engine, transport and subprocess executor.
+
+        Raises:
+            SettingsError: a setting in the environment is invalid.
+        """
+        if self._runner is None:
+            settings = self.settings()
+            transport = transport_for(
+                self._definition,
+                settings,
+                keep_token_in_input=True,  # request_schema declares task_token
+                error_names=SEED_ERROR_NAMES,
+                stale_log_level=self._levels.level_of(AbortedStaleTask),
+                sqs_client=self._clients[0],
+                stepfunctions_client=self._clients[1],
+                protection=self._protection,
             )
-            return
-        self._log(kind, "%s raised %s", module, kind.__name__)
-        await self._fail(token, kind.__name__, envelope.message)
+            self._runner = Runner(self._definition, settings, transport, executor=self._executor)
+        return self._runner
 
-    async def _heartbeat(self, token: str, child: TaskProcess, stale: asyncio.Event) -> None:
-        assert self._sfn is not None  # noqa: S101
-        while True:
-            await asyncio.sleep(self._heartbeat_s)
-            code = await asyncio.to_thread(self._sfn.heartbeat, token)
-            if code in STALE_TOKEN_CODES:
-                # Step Functions has moved on: the work is wasted, and its whole tree goes.
-                stale.set()
-                child.kill()
-                return
+    @property
+    def protection_lease(self) -> ProtectionLease | None:
+        """The ECS task protection held for the message in hand (once a message was seen)."""
+        transport = self.runner().transport
+        return transport.protection_lease if isinstance(transport, SqsSfnTransport) else None
 
-    async def _succeed(self, token: str, output: str) -> None:
-        assert self._sfn is not None  # noqa: S101
-        await asyncio.to_thread(self._sfn.succeed, token, output)
+    def run(self) -> None:
+        """Poll and handle messages until SIGTERM or SIGINT (a message in hand finishes first).
 
-    async def _fail(self, token: str, error: str, cause: str) -> None:
-        assert self._sfn is not None  # noqa: S101
-        await asyncio.to_thread(
-            self._sfn.fail, token, error[:MAX_ERROR_CHARS], cause[:MAX_CAUSE_CHARS]
-        )
+        Exits the process with 2 and one line on stderr for an invalid setting or a queue SQS
+        refuses, and with 1 when a stop fails (``runtime.ExitCode``).
+
+        Raises:
+            SystemExit: with the exit code, when it is not 0.
+        """
+        code = run_worker(self._definition, build=self.runner)
+        if code:
+            raise SystemExit(int(code))
+
+    def request_stop(self) -> None:
+        """Stop after the message in hand, if any (what SIGTERM does); from any thread."""
+        if self._runner is not None:
+            self._runner.request_shutdown("request_stop")
+
+    async def handle_message(self, message: Mapping[str, Any]) -> None:
+        """Handle one received SQS message: protect, delete, run, report, release.
+
+        What the poll loop does for each message, here for one the caller received itself.
+        Never raises: the outcome is the decision line.
+        """
+        runner = self.runner()
+        transport = runner.transport
+        assert isinstance(transport, SqsSfnTransport)  # noqa: S101 - made by runner()
+        delivery = await transport.pick_up(message)
+        await runner.engine.handle(delivery)

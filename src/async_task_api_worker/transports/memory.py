@@ -21,6 +21,7 @@ from typing import Any
 from async_task_api_worker.errors import PublishError, SettleError
 from async_task_api_worker.ports import Delivery
 from async_task_api_worker.protocol.reports import EncodedReport
+from async_task_api_worker.transports.envelope_bodies import EnvelopeBodies
 
 __all__ = ["DeadLetter", "InMemoryTransport", "PublishedReport", "QueuedMessage"]
 
@@ -63,7 +64,7 @@ class DeadLetter:
     reason: str
 
 
-class InMemoryTransport:
+class InMemoryTransport(EnvelopeBodies):
     """An in-memory queue with publisher confirms, for the harness and ``dev``.
 
     Args:

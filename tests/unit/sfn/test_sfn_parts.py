@@ -1,5 +1,6 @@
 """The Step Functions worker's parts without AWS: heartbeats (botocore's Stubber), the child
-side, protection without an agent, the import guard and the extraction rule."""
+side, protection without an agent, the import guard, and the rule that the face runs no loop
+of its own."""
 
 from __future__ import annotations
 
@@ -17,10 +18,14 @@ import boto3
 import pytest
 from botocore.stub import Stubber
 
+from async_task_api_worker.errors import PublishError, ReportRefusedError
+from async_task_api_worker.ports import Delivery
 from async_task_api_worker.sfn import WorkerRequest
-from async_task_api_worker.sfn._aws import StepFunctionsClient
+from async_task_api_worker.sfn.levels import ExceptionLevels
 from async_task_api_worker.sfn.protection import TaskProtection
 from async_task_api_worker.sfn.worker import Worker
+from async_task_api_worker.transports.sqs_sfn import ProtectionLease, SqsSfnTransport
+from async_task_api_worker.transports.sqs_sfn._aws import StaleTokenError, StepFunctionsApi
 
 REPO = Path(__file__).resolve().parents[3]
 SFN = REPO / "src" / "async_task_api_worker" / "sfn"
@@ -36,68 +41,87 @@ def stubbed() -> tuple[Any, Stubber]:
     return client, Stubber(client)
 
 
-class FakeChild:
+class QuietQueue:
+    """An SQS client that deletes and hands back, and never has a message."""
+
     def __init__(self) -> None:
-        self.kills = 0
+        self.deleted: list[str] = []
 
-    def kill(self) -> None:
-        self.kills += 1
+    def delete_message(self, QueueUrl: str, ReceiptHandle: str) -> None:
+        self.deleted.append(ReceiptHandle)
 
 
-def worker_with(client: Any) -> Worker[WorkerRequest]:
-    worker: Worker[WorkerRequest] = Worker(
-        request_schema=WorkerRequest,
-        select_subprocess_module=lambda request: "x",
-        sqs_queue_url="https://sqs.example/q",
-        heartbeat_interval_seconds=0.01,
-        sqs_client=object(),
+def transport_with(client: Any, *, heartbeat_s: float = 0.01) -> SqsSfnTransport:
+    return SqsSfnTransport(
+        queue_url="https://sqs.example/1/q",
+        service="q",
+        prefetch=1,
+        heartbeat_interval_s=heartbeat_s,
+        protection_minutes=2,
+        sqs_client=QuietQueue(),
         stepfunctions_client=client,
         protection=TaskProtection(""),
     )
-    worker._connect()
-    return worker
+
+
+async def withdrawn(delivery: Delivery) -> str | None:
+    done = asyncio.Event()
+    delivery.cancel_token.add_callback(done.set)
+    await asyncio.wait_for(done.wait(), 5)
+    return delivery.cancel_token.reason
+
+
+MESSAGE = {"MessageId": "m-1", "ReceiptHandle": "r-1", "Body": json.dumps({"task_token": "t"})}
 
 
 @pytest.mark.parametrize("code", ["TaskTimedOut", "TaskDoesNotExist", "InvalidToken"])
-async def test_a_stale_answer_kills_the_group(code: str) -> None:
+async def test_a_stale_answer_withdraws_the_delivery(code: str) -> None:
     client, stubber = stubbed()
     stubber.add_response("send_task_heartbeat", {}, {"taskToken": "t"})
     stubber.add_client_error("send_task_heartbeat", service_error_code=code)
-    child = FakeChild()
-    stale = asyncio.Event()
+    transport = transport_with(client)
     with stubber:
-        await asyncio.wait_for(worker_with(client)._heartbeat("t", child, stale), 5)  # type: ignore[arg-type]
-    assert stale.is_set()
-    assert child.kills == 1
+        delivery = await transport.pick_up(MESSAGE)
+        # The engine stops the handler on this token (a process group is killed).
+        assert await withdrawn(delivery) == "stale task token"
+    await transport.release(delivery)
+    await transport.close()
 
 
-async def test_throttling_and_server_errors_never_kill() -> None:
+async def test_throttling_and_server_errors_never_withdraw() -> None:
     client, stubber = stubbed()
     stubber.add_client_error("send_task_heartbeat", service_error_code="ThrottlingException")
     stubber.add_client_error(
         "send_task_heartbeat", service_error_code="ServiceUnavailable", http_status_code=503
     )
     stubber.add_client_error("send_task_heartbeat", service_error_code="TaskTimedOut")
-    child = FakeChild()
-    stale = asyncio.Event()
+    transport = transport_with(client)
     with stubber:
-        await asyncio.wait_for(worker_with(client)._heartbeat("t", child, stale), 5)  # type: ignore[arg-type]
-    # Only the third answer (stale) killed.
-    assert child.kills == 1
+        delivery = await transport.pick_up(MESSAGE)
+        await withdrawn(delivery)
+    # Only the third answer (stale) withdrew it.
     stubber.assert_no_pending_responses()
+    await transport.release(delivery)
+    await transport.close()
 
 
-def test_failures_and_successes_that_cannot_be_sent_are_logged(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
+def test_step_functions_answers_become_our_errors() -> None:
     client, stubber = stubbed()
     stubber.add_client_error("send_task_success", service_error_code="InvalidToken")
     stubber.add_client_error("send_task_failure", service_error_code="TaskTimedOut")
+    stubber.add_client_error("send_task_success", service_error_code="InvalidOutput")
+    stubber.add_client_error("send_task_failure", service_error_code="ThrottlingException")
+    api = StepFunctionsApi(client)
     with stubber:
-        wrapper = StepFunctionsClient(client)
-        assert wrapper.succeed("t", "{}") is False
-        assert wrapper.fail("t", "E", "c") is False
-    assert "InvalidToken" in caplog.text and "TaskTimedOut" in caplog.text
+        with pytest.raises(StaleTokenError, match="InvalidToken"):
+            api.succeed("t", "{}")
+        with pytest.raises(StaleTokenError, match="TaskTimedOut"):
+            api.fail("t", "E", "c")
+        with pytest.raises(ReportRefusedError, match="InvalidOutput"):
+            api.succeed("t", "{}")
+        with pytest.raises(PublishError, match="ThrottlingException") as raised:
+            api.fail("t", "E", "c")
+    assert not isinstance(raised.value, StaleTokenError | ReportRefusedError)
 
 
 def test_protection_without_an_agent_is_a_no_op(caplog: pytest.LogCaptureFixture) -> None:
@@ -161,32 +185,48 @@ def test_importing_without_boto3_says_how_to_install() -> None:
     assert "pip install 'async-task-api-worker[aws]'" in done.stderr
 
 
-ALLOWED = {
-    "async_task_api_worker.executors.process.group",
-    "async_task_api_worker.executors.process.output",
-}
-
-
-def test_sfn_imports_only_its_documented_building_blocks() -> None:
-    # task_child.py runs an SDK task through the one task call: the bridge, not seed 000.
-    for path in set(SFN.glob("*.py")) - {SFN / "task_child.py"}:
+def test_the_face_runs_no_loop_signal_handler_or_aws_call_of_its_own() -> None:
+    # The poll loop is the transport's, signals and the drain the runtime's, and the
+    # subprocess's output is read in sfn.subprocesses alone (docs/sfn.md, "How it is built").
+    forbidden = {
+        "receive_message",
+        "delete_message",
+        "send_task_success",
+        "send_task_failure",
+        "send_task_heartbeat",
+        "add_signal_handler",
+        "signal",
+        "run",
+        "killpg",
+    }
+    children = {"handler.py", "task_child.py"}  # the subprocess's side runs its own handler
+    for path in set(SFN.glob("*.py")) - {SFN / name for name in children}:
         tree = ast.parse(path.read_text())
         for node in ast.walk(tree):
-            if isinstance(node, ast.ImportFrom) and node.module:
-                module = node.module
-                if module.startswith("async_task_api_worker") and not module.startswith(
-                    "async_task_api_worker.sfn"
-                ):
-                    assert module in ALLOWED, f"{path.name} imports {module}"
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                name = node.func.attr
+                owner = node.func.value
+                if name == "run" and not (isinstance(owner, ast.Name) and owner.id == "asyncio"):
+                    continue
+                if name == "signal" and not (isinstance(owner, ast.Name) and owner.id == "signal"):
+                    continue
+                assert name not in forbidden, f"{path.name} calls {name}"
+    readers = [
+        path.name for path in SFN.glob("*.py") if "ErrorOutput.model_validate" in path.read_text()
+    ]
+    assert readers == ["subprocesses.py"]
 
 
 class CountingProtection(TaskProtection):
     def __init__(self) -> None:
         super().__init__("http://agent.invalid")
         self.states: list[bool] = []
+        self.renewed = asyncio.Event()
 
     def enable(self, expires_in_minutes: int) -> bool:
         self.states.append(True)
+        if self.states.count(True) >= 3:
+            self.renewed.set()
         return True
 
     def disable(self) -> bool:
@@ -194,37 +234,29 @@ class CountingProtection(TaskProtection):
         return True
 
 
-async def test_protection_covers_the_budget_and_is_renewed_on_long_messages(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    protection = CountingProtection()
+async def run_here(call: Any) -> Any:
+    return call()
+
+
+async def test_protection_covers_the_budget_and_is_renewed_on_long_messages() -> None:
     worker: Worker[WorkerRequest] = Worker(
         request_schema=WorkerRequest,
         select_subprocess_module=lambda request: "x",
-        sqs_queue_url="q",
+        sqs_queue_url="https://sqs.example/1/q",
         message_processing_timeout_minutes=3000,
-        sqs_client=object(),
-        stepfunctions_client=object(),
-        protection=protection,
     )
     assert worker.protection_minutes == 2880  # ECS's cap
     assert worker.renew_period_s == 2879 * 60
-    monkeypatch.setattr(Worker, "renew_period_s", 0.01)
-    renewed = asyncio.Event()
-
-    async def slow(self: Any, message: Any) -> None:
-        while protection.states.count(True) < 3:
-            await asyncio.sleep(0.01)
-        renewed.set()
-
-    async def processing(self: Any, body: str) -> None:
-        await slow(self, body)
-
-    monkeypatch.setattr(Worker, "_delete", lambda self, message: asyncio.sleep(0))
-    monkeypatch.setattr(Worker, "_process", processing)
-    await worker.handle_message({"Body": "{}", "ReceiptHandle": "r"})
-    assert renewed.is_set()
+    protection = CountingProtection()
+    lease = ProtectionLease(protection, 2880, run_here, renew_period_s=0.01)
+    await lease.acquire()
+    await lease.acquire()  # a second delivery in hand shares the protection
+    await asyncio.wait_for(protection.renewed.wait(), 5)
+    await lease.release()
+    assert protection.states[-1] is True  # one delivery still in hand
+    await lease.release()
     assert protection.states[0] is True and protection.states[-1] is False
+    assert protection.states.count(False) == 1
 
 
 class Routed(WorkerRequest):
@@ -232,11 +264,20 @@ class Routed(WorkerRequest):
 
 
 class Recorder:
+    """SQS and Step Functions at once: records what the worker sends."""
+
     def __init__(self) -> None:
         self.failures: list[tuple[str, str]] = []
+        self.successes: list[str] = []
 
     def send_task_failure(self, taskToken: str, error: str, cause: str) -> None:
         self.failures.append((error, cause))
+
+    def send_task_success(self, taskToken: str, output: str) -> None:
+        self.successes.append(output)
+
+    def send_task_heartbeat(self, taskToken: str) -> None:
+        return None
 
     def delete_message(self, **kwargs: object) -> None:
         return None
@@ -251,12 +292,14 @@ async def test_routing_code_raising_even_systemexit_fails_the_task_not_the_worke
     worker: Worker[Routed] = Worker(
         request_schema=Routed,
         select_subprocess_module=select,
-        sqs_queue_url="q",
+        sqs_queue_url="https://sqs.example/1/q",
         sqs_client=recorder,
         stepfunctions_client=recorder,
         protection=TaskProtection(""),
     )
-    await worker.handle_message({"Body": json.dumps({"task_token": "t"}), "ReceiptHandle": "r"})
+    await worker.handle_message(
+        {"MessageId": "m", "Body": json.dumps({"task_token": "t"}), "ReceiptHandle": "r"}
+    )
     assert recorder.failures == [("SystemExit", "3")]
 
 
@@ -266,15 +309,12 @@ def test_the_most_specific_registered_class_sets_the_level(
     class Rejected(Exception):
         pass
 
-    worker: Worker[Routed] = Worker(
-        request_schema=Routed,
-        select_subprocess_module=lambda request: "x",
-        sqs_queue_url="q",
-        exception_levels={Exception: logging.DEBUG, Rejected: logging.CRITICAL},
-    )
+    levels = ExceptionLevels({Exception: logging.DEBUG, Rejected: logging.CRITICAL})
     caplog.set_level(logging.DEBUG)
-    worker._log(Rejected, "rejected")
+    levels.log(Rejected, "rejected")
     assert caplog.records[-1].levelno == logging.CRITICAL
+    assert levels.level_of(KeyError) == logging.DEBUG
+    assert ExceptionLevels(None).level_of(KeyError) == logging.ERROR
 
 
 def test_a_garbled_agent_answer_is_tolerated() -> None:

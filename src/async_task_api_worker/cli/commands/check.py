@@ -1,7 +1,8 @@
 """``check my_module:worker``: the definition, the settings and the time budget, no broker.
 
-Prints what a deployment needs: the effective task timeout, the budget arithmetic, the shutdown
-bound and the ``terminationGracePeriodSeconds`` to set. Exits 0, or 2 with one line.
+Prints what a deployment needs: the transport, the effective task timeout, the budget
+arithmetic, the shutdown bound and the ``terminationGracePeriodSeconds`` to set. Exits 0, or 2
+with one line.
 """
 
 from __future__ import annotations
@@ -9,11 +10,16 @@ from __future__ import annotations
 import math
 
 from async_task_api_worker.cli.loading import load_worker
-from async_task_api_worker.runtime.entry import prepare
+from async_task_api_worker.runtime.entry import prepare, transport_for
 from async_task_api_worker.runtime.exit_codes import ExitCode
-from async_task_api_worker.runtime.hooks import shutdown_bound_s
+from async_task_api_worker.runtime.hooks import drain_grace_s, shutdown_bound_s
 from async_task_api_worker.runtime.loops import loop_factory
-from async_task_api_worker.settings import SILENT_HEARTBEATS_TO_DEAD, describe_time_budget
+from async_task_api_worker.settings import (
+    SILENT_HEARTBEATS_TO_DEAD,
+    WorkerSettings,
+    WorkerTransport,
+    describe_time_budget,
+)
 
 __all__ = ["check_command"]
 
@@ -22,19 +28,51 @@ def check_command(target: str) -> int:
     """Check ``target`` against the environment's settings and print the numbers.
 
     Raises:
-        ConfigError: the target, its definition, a setting or the time budget is wrong.
+        ConfigError: the target, its definition, a setting or the time budget is wrong (or
+            ``WORKER_TRANSPORT=sqs-sfn`` without boto3).
     """
     worker = load_worker(target)
     settings = prepare(worker)
+    transport = transport_for(worker, settings)  # made, not connected: the one wiring `run` uses
     task = worker.task_definition
     timeout_s = settings.task_timeout_s(task.timeout_s)
-    bound_s = shutdown_bound_s(settings)
-    grace = settings.worker_shutdown_grace_s
+    grace = drain_grace_s(settings, timeout_s, deletes_on_pickup=transport.deletes_on_pickup)
+    bound_s = shutdown_bound_s(settings, grace_s=grace)
     hooks = settings.worker_shutdown_hooks_timeout_s
     isolation = ", a process per task" if task.isolation == "process" else ""
     print(
         f"worker {worker.name}: {task.kind.value} handler{isolation}, "
         f"{settings.worker_mode.value} mode"
+    )
+    if settings.worker_transport is WorkerTransport.SQS_SFN:
+        _print_sqs_sfn(settings, timeout_s)
+    else:
+        _print_rabbitmq(settings, timeout_s)
+    poll = (
+        f" + {settings.sqs_wait_time_s} s long poll"
+        if settings.worker_transport is WorkerTransport.SQS_SFN
+        else ""
+    )
+    print(
+        f"shutdown bound: {bound_s:g} s after SIGTERM (max(grace {grace:g} s, 5) + 5 s nacks + "
+        f"5 s close + {hooks:g} s shutdown hooks + 2 s{poll})"
+    )
+    print(f"terminationGracePeriodSeconds: {math.ceil(bound_s) + 1}")
+    uses_uvloop = loop_factory(settings.worker_event_loop) is not None
+    print(
+        f"event loop: {'uvloop' if uses_uvloop else 'asyncio'} "
+        f"(WORKER_EVENT_LOOP={settings.worker_event_loop.value})"
+    )
+    return ExitCode.OK
+
+
+def _print_rabbitmq(settings: WorkerSettings, timeout_s: float) -> None:
+    urls = settings.broker_urls()
+    print("transport: rabbitmq (WORKER_TRANSPORT)")
+    print(
+        f"broker: {len(urls)} URL{'s' if len(urls) > 1 else ''}, heartbeat "
+        f"{settings.broker_heartbeat_s} s (a connection silent for "
+        f"{SILENT_HEARTBEATS_TO_DEAD * settings.broker_heartbeat_s} s is taken for dead)"
     )
     print(
         f"time budget: {describe_time_budget(settings, timeout_s)} < WORKER_CONSUMER_TIMEOUT_S "
@@ -45,20 +83,24 @@ def check_command(target: str) -> int:
         f"{settings.delivery_hold_s():g} s from its arrival, then gives it back"
     )
     print(f"largest report: {settings.worker_max_report_bytes} bytes (WORKER_MAX_REPORT_BYTES)")
-    urls = settings.broker_urls()
+
+
+def _print_sqs_sfn(settings: WorkerSettings, timeout_s: float) -> None:
+    # Late: the package needs boto3, which transport_for found already.
+    from async_task_api_worker.transports.sqs_sfn import protection_minutes
+    from async_task_api_worker.transports.sqs_sfn.codec import MAX_OUTPUT_BYTES
+
     print(
-        f"broker: {len(urls)} URL{'s' if len(urls) > 1 else ''}, heartbeat "
-        f"{settings.broker_heartbeat_s} s (a connection silent for "
-        f"{SILENT_HEARTBEATS_TO_DEAD * settings.broker_heartbeat_s} s is taken for dead)"
+        f"transport: sqs-sfn ({settings.sqs_queue_url}, a heartbeat every "
+        f"{settings.sfn_heartbeat_interval_s:g} s, long poll {settings.sqs_wait_time_s} s); "
+        "Step Functions is the only retry source: every delivery is attempt 1/1"
     )
     print(
-        f"shutdown bound: {bound_s:g} s after SIGTERM (max(grace {grace:g} s, 5) + 5 s nacks + "
-        f"5 s close + {hooks:g} s shutdown hooks + 2 s)"
+        f"task timeout {timeout_s:g} s; ECS task protection {protection_minutes(timeout_s)} min "
+        "at a time while a message is in hand (no consumer timeout: heartbeats keep a token alive)"
     )
-    print(f"terminationGracePeriodSeconds: {math.ceil(bound_s) + 1}")
-    uses_uvloop = loop_factory(settings.worker_event_loop) is not None
     print(
-        f"event loop: {'uvloop' if uses_uvloop else 'asyncio'} "
-        f"(WORKER_EVENT_LOOP={settings.worker_event_loop.value})"
+        f"a report Step Functions does not take is held for up to {settings.delivery_hold_s():g} "
+        "s, then the task is handed back (error TASK_GIVEN_BACK)"
     )
-    return ExitCode.OK
+    print(f"largest output: {MAX_OUTPUT_BYTES} bytes (Step Functions' limit)")

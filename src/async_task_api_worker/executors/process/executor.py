@@ -20,7 +20,7 @@ import time
 from typing import Final
 
 from async_task_api_worker.conclusion import Conclusion, Failure
-from async_task_api_worker.context import progress_sink_of, task_log_extra
+from async_task_api_worker.context import progress_sink_of
 from async_task_api_worker.definition import TaskDefinition
 from async_task_api_worker.errors import IsolatedTaskError
 from async_task_api_worker.executors.process.channel import (
@@ -41,7 +41,10 @@ from async_task_api_worker.executors.process.forkserver import (
     HandlerLoadError,
 )
 from async_task_api_worker.executors.process.group import (
+    REAP_TIMEOUT_S,
     TaskProcess,
+    end_group,
+    log_tails,
     signal_name,
     spawn_in_new_session,
 )
@@ -50,7 +53,7 @@ from async_task_api_worker.ports import ExecutionRequest
 from async_task_api_worker.protocol.codes import ErrorCode
 from async_task_api_worker.task_call import conclude_error, fields_of, timed_out
 
-__all__ = ["EXIT_GRACE_S", "ProcessExecutor"]
+__all__ = ["EXIT_GRACE_S", "REAP_TIMEOUT_S", "ProcessExecutor"]
 
 _logger = logging.getLogger("async_task_api_worker.executors.process")
 
@@ -58,10 +61,6 @@ _logger = logging.getLogger("async_task_api_worker.executors.process")
 EXIT_GRACE_S: Final = 5.0
 #: Seconds an answer may take to arrive once the child has exited.
 ANSWER_GRACE_S: Final = 0.5
-#: Seconds to wait for a killed child to be reaped.
-REAP_TIMEOUT_S: Final = 5.0
-#: Seconds to wait for the killed group's other processes to be reaped.
-GROUP_GONE_TIMEOUT_S: Final = 1.0
 #: Seconds between two attempts to restart a fork server that stopped.
 RESTART_INTERVAL_S: Final = 30.0
 
@@ -266,25 +265,9 @@ class ProcessExecutor:
         output_level: int,
     ) -> None:
         ours.close()
-        if child is not None:
-            # Leftovers of a finished task (a grandchild in the background) go with it.
-            child.kill()
-            if await child.reap(REAP_TIMEOUT_S) is not None:
-                await child.gone(GROUP_GONE_TIMEOUT_S)
-        # The group is dead; the pipes end unless an escaped process (one that left the
-        # group) still holds them: do not wait for it.
-        await stdout.finish(1.0)
-        await stderr.finish(1.0)
-        for tail in (stdout, stderr):
-            if tail.data:
-                _logger.log(
-                    output_level,
-                    "The task's process wrote %d bytes to %s; the last ones: %s",
-                    tail.total,
-                    tail.name,
-                    tail.text(),
-                    extra=task_log_extra({"task_id": task_id}),
-                )
+        tails = (stdout, stderr)
+        await end_group(child, tails)
+        log_tails(tails, task_id=task_id, level=output_level, logger=_logger)
 
     async def _converse(
         self, ours: socket.socket, request: ExecutionRequest, child: TaskProcess

@@ -1,20 +1,42 @@
 """A task's process group: started in a session of its own, killed whole, reaped.
 
-Shared by the process executor and the Step Functions worker. The child leads its own session,
-so its pid is its process group id: recorded at spawn, never looked up again (after the child
-is reaped, the id could name someone else's group).
+Shared by the process executor and the Step Functions worker's subprocesses. The child leads
+its own session, so its pid is its process group id: recorded at spawn, never looked up again
+(after the child is reaped, the id could name someone else's group). :func:`end_group`
+and :func:`log_tails` are the one way a task's process ends: its group killed and reaped, its
+output drained, then logged.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import signal
 import subprocess
 from collections.abc import Mapping, Sequence
+from typing import Final
 
-__all__ = ["TaskProcess", "signal_name", "spawn_in_new_session"]
+from async_task_api_worker.context import task_log_extra
+from async_task_api_worker.executors.process.output import OutputTail
+
+__all__ = [
+    "GROUP_GONE_TIMEOUT_S",
+    "REAP_TIMEOUT_S",
+    "TaskProcess",
+    "end_group",
+    "log_tails",
+    "signal_name",
+    "spawn_in_new_session",
+]
+
+#: Seconds to wait for a killed child to be reaped.
+REAP_TIMEOUT_S: Final = 5.0
+#: Seconds to wait for the killed group's other processes to be reaped.
+GROUP_GONE_TIMEOUT_S: Final = 1.0
+#: Seconds an output pipe gets to reach its end once the group is dead.
+OUTPUT_END_TIMEOUT_S: Final = 1.0
 
 
 class TaskProcess:
@@ -99,3 +121,45 @@ async def spawn_in_new_session(
         start_new_session=True,
     )
     return TaskProcess(process.pid, asyncio.ensure_future(process.wait()))
+
+
+async def end_group(child: TaskProcess | None, tails: Sequence[OutputTail]) -> None:
+    """End a task's process: kill its whole group, reap it, and drain and close its pipes.
+
+    Always called once the task is over, however it ended: leftovers of a finished task (a
+    grandchild in the background) go with it. After the kill the pipes end, unless a process
+    that left the group still holds them: that is not waited for.
+
+    Args:
+        child: the task's process, or ``None`` when it never started.
+        tails: every output pipe of the task, closed here.
+    """
+    if child is not None:
+        child.kill()
+        if await child.reap(REAP_TIMEOUT_S) is not None:
+            await child.gone(GROUP_GONE_TIMEOUT_S)
+    for tail in tails:
+        await tail.finish(OUTPUT_END_TIMEOUT_S)
+
+
+def log_tails(
+    tails: Sequence[OutputTail], *, task_id: str | None, level: int, logger: logging.Logger
+) -> None:
+    """Log what each pipe kept, redacted and from a line's start (``OutputTail.text``).
+
+    Args:
+        tails: the pipes whose tail goes to the log (never a result channel).
+        task_id: the task the lines are about.
+        level: DEBUG after a normal end; WARNING when the output is the clue to a crash.
+        logger: where the lines go.
+    """
+    for tail in tails:
+        if tail.data:
+            logger.log(
+                level,
+                "The task's process wrote %d bytes to %s; the last ones: %s",
+                tail.total,
+                tail.name,
+                tail.text(),
+                extra=task_log_extra({"task_id": task_id}),
+            )

@@ -43,6 +43,7 @@ from async_task_api_worker.errors import (
 )
 from async_task_api_worker.ports import Delivery
 from async_task_api_worker.protocol.reports import EncodedReport
+from async_task_api_worker.transports.envelope_bodies import EnvelopeBodies
 from async_task_api_worker.transports.rabbitmq._errors import (
     is_refusal,
     refused,
@@ -104,7 +105,7 @@ def delivery_count_of(headers: dict[str, Any], redelivered: bool) -> int | None:
     return None
 
 
-class RabbitMQTransport:
+class RabbitMQTransport(EnvelopeBodies):
     """A :class:`~async_task_api_worker.ports.Transport` on RabbitMQ.
 
     Two connections: one consumes and settles, the other publishes the reports. RabbitMQ blocks

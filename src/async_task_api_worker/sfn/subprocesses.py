@@ -1,0 +1,267 @@
+"""Seed 000's subprocess per message, as an executor of the engine.
+
+``select_subprocess_module(request)`` names the module; ``python -m <module>`` runs in a session
+of its own (``executors.process.group``: killed whole, reaped, its pipes drained, whatever ends
+it: its deadline, a stale token, a drain). The request travels as seed 000 says: the raw body
+in ``WORKER_REQUEST``, or, when it is 64 KiB or more, in a private file named by
+``WORKER_REQUEST_FILE``. The result comes back on stdout, and :func:`interpret` is seed 000's
+reading of it, here alone:
+
+| the subprocess... | conclusion |
+| --- | --- |
+| exits 0 with a JSON object on stdout | a response: that object |
+| ... with more than 1 MiB of stdout | ``RESULT_TOO_LARGE`` |
+| exits 1 with an ``ErrorOutput`` naming a registered class | that class's name and message |
+| ... naming anything else (the framework's own names too) | ``UnknownSubprocessError`` |
+| dies from a signal | ``WORKER_CRASHED`` |
+| leaves anything else (not strict JSON, another exit code) | ``INVALID_RESULT`` |
+| runs past its budget | ``TASK_TIMEOUT`` |
+
+Step Functions gets seed 000's names for the SDK codes (:data:`SEED_ERROR_NAMES`). Its stderr
+is logged redacted, at DEBUG after a normal end and WARNING when it is the clue to a crash.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import sys
+import tempfile
+from collections.abc import Callable
+from typing import Any, Final
+
+from pydantic import ValidationError
+
+from async_task_api_worker.conclusion import Conclusion, Failure, Response
+from async_task_api_worker.executors.process.group import (
+    TaskProcess,
+    end_group,
+    log_tails,
+    signal_name,
+    spawn_in_new_session,
+)
+from async_task_api_worker.executors.process.output import OutputTail
+from async_task_api_worker.ports import ExecutionRequest
+from async_task_api_worker.protocol.codes import ErrorCode
+from async_task_api_worker.protocol.encoding import strict_loads
+from async_task_api_worker.sfn.errors import (
+    MalformedMessage,
+    MalformedSubprocessOutput,
+    SubprocessCrashError,
+    SubprocessOutputTooLarge,
+    SubprocessTimeoutError,
+    UnknownSubprocessError,
+)
+from async_task_api_worker.sfn.handler import REQUEST_ENV, REQUEST_FILE_ENV
+from async_task_api_worker.sfn.levels import ExceptionLevels
+from async_task_api_worker.sfn.request import ErrorOutput
+from async_task_api_worker.transports.sqs_sfn.codec import MAX_ERROR_CHARS, MAX_OUTPUT_BYTES
+
+__all__ = [
+    "MAX_ENV_REQUEST_BYTES",
+    "MAX_STDOUT_BYTES",
+    "SEED_ERROR_NAMES",
+    "SubprocessExecutor",
+    "interpret",
+]
+
+_logger = logging.getLogger("async_task_api_worker.sfn")
+
+#: A request at least this large (UTF-8 bytes) goes in a private file, not the environment
+#: (Linux refuses one environment string of 128 KiB or more).
+MAX_ENV_REQUEST_BYTES: Final = 64 * 1024
+#: The stdout kept for the result: room for white space around a result within the limit.
+MAX_STDOUT_BYTES: Final = 4 * MAX_OUTPUT_BYTES
+_STDERR_TAIL_BYTES: Final = 16384
+
+#: The ``error`` Step Functions gets for an SDK code: seed 000's failure taxonomy.
+SEED_ERROR_NAMES: Final = {
+    ErrorCode.INVALID_INPUT.value: MalformedMessage.__name__,
+    ErrorCode.POISON_MESSAGE.value: MalformedMessage.__name__,
+    ErrorCode.TASK_TIMEOUT.value: SubprocessTimeoutError.__name__,
+    ErrorCode.WORKER_CRASHED.value: SubprocessCrashError.__name__,
+    ErrorCode.INVALID_RESULT.value: MalformedSubprocessOutput.__name__,
+    ErrorCode.RESULT_TOO_LARGE.value: SubprocessOutputTooLarge.__name__,
+}
+
+
+def request_text(raw_input: dict[str, Any]) -> str:
+    """The body the subprocess reads: the request as JSON text, UTF-8 where it can be."""
+    text = json.dumps(raw_input, ensure_ascii=False)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate: only its \\u escape is UTF-8
+        text = json.dumps(raw_input)
+    return text
+
+
+def interpret(
+    code: int, stdout: OutputTail, *, levels: ExceptionLevels, module: str
+) -> tuple[Conclusion, bool]:
+    """What the subprocess's end means (the module's table), logged at its class's level.
+
+    Args:
+        code: the exit code (negative: the signal that killed it, never the worker's: a
+            subprocess the worker kills is not interpreted).
+        stdout: its stdout, read to the end.
+        levels: the consumer's ``exception_levels``.
+        module: the module it ran, for the log.
+
+    Returns:
+        The conclusion, and whether the end was a normal one (its stderr is then logged at
+        DEBUG).
+    """
+    if code < 0:
+        name = signal_name(code)
+        levels.log(SubprocessCrashError, "%s was killed by %s", module, name)
+        return Failure(ErrorCode.WORKER_CRASHED, f"the subprocess was killed by {name}"), False
+    if code == 0 and stdout.total > MAX_STDOUT_BYTES:
+        levels.log(SubprocessOutputTooLarge, "%s wrote %d bytes", module, stdout.total)
+        failure = Failure(
+            ErrorCode.RESULT_TOO_LARGE, f"the result is over {MAX_OUTPUT_BYTES} bytes"
+        )
+        return failure, True
+    document = _strict_object(stdout.data) if code in (0, 1) else None
+    if code == 0 and document is not None:
+        return Response(document), True
+    if code == 1 and document is not None:
+        with contextlib.suppress(ValidationError):
+            return _registered(ErrorOutput.model_validate(document), levels, module), True
+    levels.log(MalformedSubprocessOutput, "%s exited with %s and no valid output", module, code)
+    return (
+        Failure(
+            ErrorCode.INVALID_RESULT,
+            f"the subprocess exited with code {code} without a valid result",
+        ),
+        False,
+    )
+
+
+def _strict_object(data: bytes) -> dict[str, Any] | None:
+    try:
+        value = strict_loads(data.decode("utf-8"))
+    except (ValueError, RecursionError):  # not UTF-8, not JSON, NaN, 1e400, a huge integer
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _registered(envelope: ErrorOutput, levels: ExceptionLevels, module: str) -> Failure:
+    kind = levels.registered(envelope.error)
+    if kind is None:
+        levels.log(UnknownSubprocessError, "%s raised an unknown %s", module, envelope.error)
+        return Failure(
+            UnknownSubprocessError.__name__,
+            f"{envelope.error[:MAX_ERROR_CHARS]}: {envelope.message}",
+        )
+    levels.log(kind, "%s raised %s", module, kind.__name__)
+    return Failure(kind.__name__, envelope.message)
+
+
+class SubprocessExecutor:
+    """Runs each message in ``python -m <module>``, the module chosen per message.
+
+    Args:
+        select: ``select_subprocess_module``: the validated request to a module name; what it
+            raises fails the task (its class name and message).
+        levels: the consumer's ``exception_levels``.
+        python: the interpreter that runs the subprocesses.
+    """
+
+    def __init__(
+        self,
+        *,
+        select: Callable[[Any], str],
+        levels: ExceptionLevels,
+        python: str = sys.executable,
+    ) -> None:
+        self._select = select
+        self._levels = levels
+        self._python = python
+
+    @property
+    def stuck_task_ids(self) -> tuple[str, ...]:
+        """Always empty: a process group can always be killed."""
+        return ()
+
+    async def start(self) -> None:
+        """Nothing to prepare: each message starts an interpreter of its own."""
+        return None
+
+    async def aclose(self) -> None:
+        """Nothing to release: each subprocess is ended with its message."""
+        return None
+
+    async def execute(self, request: ExecutionRequest) -> Conclusion:
+        """Route the request, run its subprocess under ``request.timeout_s``, and conclude."""
+        try:
+            module = self._select(request.task_input)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # SystemExit too: routing code must not end the worker
+            self._levels.log(type(exc), "No subprocess for the request: %s", type(exc).__name__)
+            return Failure(type(exc).__name__, str(exc))
+        return await self._run(module, request_text(dict(request.raw_input)), request)
+
+    async def _run(self, module: str, body: str, request: ExecutionRequest) -> Conclusion:
+        env = {k: v for k, v in os.environ.items() if k not in (REQUEST_ENV, REQUEST_FILE_ENV)}
+        request_path: str | None = None
+        if len(body.encode("utf-8")) < MAX_ENV_REQUEST_BYTES:
+            env[REQUEST_ENV] = body
+        else:
+            fd, request_path = tempfile.mkstemp(prefix="worker-request-")  # mode 0600
+            with os.fdopen(fd, "w", encoding="utf-8") as request_file:
+                request_file.write(body)
+            env[REQUEST_FILE_ENV] = request_path
+        stdout = OutputTail("stdout", MAX_STDOUT_BYTES + 1)
+        stderr = OutputTail("stderr", _STDERR_TAIL_BYTES)
+        child: TaskProcess | None = None
+        code: int | None = None
+        timed_out = False
+        try:
+            try:
+                child = await spawn_in_new_session(
+                    [self._python, "-m", module],
+                    env=env,
+                    stdout_fd=stdout.write_fd,
+                    stderr_fd=stderr.write_fd,
+                )
+            except (OSError, ValueError) as exc:  # no such interpreter, a NUL in the module
+                self._levels.log(SubprocessCrashError, "%s could not be started", module)
+                return Failure(
+                    ErrorCode.WORKER_CRASHED,
+                    f"the subprocess could not be started ({type(exc).__name__})",
+                )
+            finally:
+                stdout.close_write_end()
+                stderr.close_write_end()
+            stdout.start()
+            stderr.start()
+            _logger.info("Running %s (pid %d, its own process group)", module, child.pid)
+            code = await child.reap(request.timeout_s)
+            timed_out = code is None
+        finally:
+            # The whole group goes, however the message ended (a stale token, the drain's end).
+            await end_group(child, (stdout, stderr))
+            if request_path is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(request_path)
+            if code is None:  # past its budget (the clue is in its output), or stopped
+                level = logging.WARNING if timed_out else logging.DEBUG
+                log_tails((stderr,), task_id=request.task_id, level=level, logger=_logger)
+        if code is None:
+            self._levels.log(SubprocessTimeoutError, "%s ran past its time and was killed", module)
+            return Failure(
+                ErrorCode.TASK_TIMEOUT,
+                f"the subprocess ran past {request.timeout_s / 60:g} minutes and was killed",
+            )
+        conclusion, normal = interpret(code, stdout, levels=self._levels, module=module)
+        log_tails(
+            (stderr,),
+            task_id=request.task_id,
+            level=logging.DEBUG if normal else logging.WARNING,
+            logger=_logger,
+        )
+        return conclusion

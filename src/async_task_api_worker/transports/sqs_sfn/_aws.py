@@ -1,0 +1,214 @@
+"""The only module of the package that imports boto3 and botocore.
+
+AWS's answers become the SDK's exceptions here (``raise OurError(...) from exc``), so the
+transport above never sees a botocore type:
+
+- a task token Step Functions no longer waits on (``TaskTimedOut``, ``InvalidToken``,
+  ``TaskDoesNotExist``) is :class:`StaleTokenError`;
+- an output Step Functions refuses (``InvalidOutput``) is ``ReportRefusedError``;
+- throttling, 5xx answers and network errors left after botocore's own retries are
+  ``PublishError`` / ``SettleError`` / ``TransportError``: passing conditions, tried again;
+- an SQS queue that does not exist, or credentials AWS refuses, is ``BrokerRefusedError``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Final
+
+try:
+    import boto3
+    from botocore.config import Config
+    from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
+except ImportError as exc:  # pragma: no cover - exercised without the extra only
+    raise ImportError(
+        "the SQS + Step Functions transport needs boto3: pip install 'async-task-api-worker[aws]'"
+    ) from exc
+
+from async_task_api_worker.errors import (
+    BrokerRefusedError,
+    PublishError,
+    ReportRefusedError,
+    SettleError,
+    TransportError,
+)
+
+__all__ = ["STALE_TOKEN_CODES", "SqsApi", "StaleTokenError", "StepFunctionsApi", "make_clients"]
+
+#: botocore's standard retry mode: throttling and 5xx answers are retried with a jittered
+#: exponential backoff, up to this many attempts in all; and no call waits on a stuck endpoint
+#: for long: 5 s to connect, 10 s to read (a long poll adds its own wait to the read).
+_CONFIG: Final = Config(
+    retries={"mode": "standard", "max_attempts": 5}, connect_timeout=5, read_timeout=10
+)
+
+#: The errors Step Functions answers for a task token it no longer waits on (AWS API
+#: reference, ``SendTaskHeartbeat`` / ``SendTaskSuccess`` / ``SendTaskFailure``).
+STALE_TOKEN_CODES: Final = frozenset({"TaskTimedOut", "InvalidToken", "TaskDoesNotExist"})
+
+#: SQS errors that retrying cannot fix: the queue is not there, or AWS refuses who we are.
+_REFUSED_CODES: Final = frozenset(
+    {
+        "AWS.SimpleQueueService.NonExistentQueue",
+        "QueueDoesNotExist",
+        "AccessDenied",
+        "AccessDeniedException",
+        "InvalidClientTokenId",
+        "UnrecognizedClientException",
+        "SignatureDoesNotMatch",
+        "InvalidAddress",
+    }
+)
+
+
+class StaleTokenError(PublishError):
+    """Step Functions no longer waits on the task token: nothing more can be sent for it.
+
+    Attributes:
+        aws_code: AWS's error code (``TaskTimedOut``, ``InvalidToken``, ``TaskDoesNotExist``).
+    """
+
+    def __init__(self, aws_code: str) -> None:
+        self.aws_code = aws_code
+        super().__init__(f"the task token is stale ({aws_code})")
+
+
+def make_clients(sqs: Any = None, stepfunctions: Any = None) -> tuple[Any, Any]:
+    """The SQS and Step Functions clients: the given ones, or new ones.
+
+    New ones read the region, the credentials and ``AWS_ENDPOINT_URL`` from the environment,
+    as boto3 does, with the retries and timeouts above.
+    """
+    if sqs is None:
+        sqs = boto3.client("sqs", config=_CONFIG)
+    if stepfunctions is None:
+        stepfunctions = boto3.client("stepfunctions", config=_CONFIG)
+    return sqs, stepfunctions
+
+
+def _code(exc: Exception) -> str:
+    if isinstance(exc, ClientError):
+        return str(exc.response.get("Error", {}).get("Code", "Unknown"))
+    return type(exc).__name__
+
+
+class StepFunctionsApi:
+    """``SendTaskHeartbeat``, ``SendTaskSuccess`` and ``SendTaskFailure`` on one client."""
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+
+    def _send(self, operation: str, **arguments: str) -> None:
+        try:
+            getattr(self._client, operation)(**arguments)
+        except ClientError as exc:
+            code = _code(exc)
+            if code in STALE_TOKEN_CODES:
+                raise StaleTokenError(code) from exc
+            if code == "InvalidOutput":
+                raise ReportRefusedError(
+                    "Step Functions refused the output (InvalidOutput)"
+                ) from exc
+            raise PublishError(f"Step Functions answered {code}") from exc
+        except BotoCoreError as exc:
+            raise PublishError(f"Step Functions could not be reached ({_code(exc)})") from exc
+
+    def heartbeat(self, token: str) -> None:
+        """Send a heartbeat for ``token``.
+
+        Raises:
+            StaleTokenError: the token is stale.
+            PublishError: it could not be sent (after botocore's retries).
+        """
+        self._send("send_task_heartbeat", taskToken=token)
+
+    def succeed(self, token: str, output: str) -> None:
+        """End ``token`` with ``output`` (a JSON text).
+
+        Raises:
+            StaleTokenError: the token is stale.
+            ReportRefusedError: Step Functions refused the output (``InvalidOutput``).
+            PublishError: it could not be sent.
+        """
+        self._send("send_task_success", taskToken=token, output=output)
+
+    def fail(self, token: str, error: str, cause: str) -> None:
+        """End ``token`` with ``error`` (at most 256 characters) and ``cause`` (32,768).
+
+        Raises:
+            StaleTokenError: the token is stale.
+            PublishError: it could not be sent.
+        """
+        self._send("send_task_failure", taskToken=token, error=error, cause=cause)
+
+
+class SqsApi:
+    """The few SQS calls of the transport, on one client and one queue."""
+
+    def __init__(self, client: Any, queue_url: str) -> None:
+        self._client = client
+        self._queue_url = queue_url
+
+    def check(self) -> None:
+        """Make sure the queue exists and is ours to read.
+
+        Raises:
+            BrokerRefusedError: the queue does not exist, or AWS refuses the credentials.
+            TransportError: AWS could not be reached (tried again later).
+        """
+        try:
+            self._client.get_queue_attributes(
+                QueueUrl=self._queue_url, AttributeNames=["VisibilityTimeout"]
+            )
+        except NoCredentialsError as exc:
+            raise BrokerRefusedError(
+                "no AWS credentials (AWS_ACCESS_KEY_ID, a profile or a task role)"
+            ) from exc
+        except ClientError as exc:
+            code = _code(exc)
+            if code in _REFUSED_CODES:
+                raise BrokerRefusedError(f"SQS refused the queue SQS_QUEUE_URL ({code})") from exc
+            raise TransportError(f"SQS answered {code}") from exc
+        except BotoCoreError as exc:
+            raise TransportError(f"SQS could not be reached ({_code(exc)})") from exc
+
+    def receive(self, max_messages: int, wait_s: int) -> list[Mapping[str, Any]]:
+        """Long-poll for at most ``max_messages`` (1..10) messages, ``wait_s`` seconds.
+
+        Raises:
+            TransportError: the call failed.
+        """
+        try:
+            answer = self._client.receive_message(
+                QueueUrl=self._queue_url,
+                MaxNumberOfMessages=max(1, min(10, max_messages)),
+                WaitTimeSeconds=wait_s,
+            )
+        except (ClientError, BotoCoreError) as exc:
+            raise TransportError(f"receiving from SQS failed ({_code(exc)})") from exc
+        return list(answer.get("Messages", []))
+
+    def delete(self, receipt_handle: str) -> None:
+        """Delete a received message.
+
+        Raises:
+            SettleError: the delete did not go through.
+        """
+        try:
+            self._client.delete_message(QueueUrl=self._queue_url, ReceiptHandle=receipt_handle)
+        except (ClientError, BotoCoreError) as exc:
+            raise SettleError(f"deleting the SQS message failed ({_code(exc)})") from exc
+
+    def make_visible(self, receipt_handle: str) -> None:
+        """Hand a received message back to the queue at once (its visibility timeout to 0).
+
+        Raises:
+            SettleError: the call did not go through (the message comes back anyway, once its
+                visibility timeout runs out).
+        """
+        try:
+            self._client.change_message_visibility(
+                QueueUrl=self._queue_url, ReceiptHandle=receipt_handle, VisibilityTimeout=0
+            )
+        except (ClientError, BotoCoreError) as exc:
+            raise SettleError(f"handing the SQS message back failed ({_code(exc)})") from exc

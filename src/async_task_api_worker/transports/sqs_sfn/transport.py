@@ -1,0 +1,470 @@
+"""The SQS + Step Functions transport: a delivery is an SQS message, its reply address a token.
+
+Seed 000's invariants, kept here so that the engine runs unchanged:
+
+- **Step Functions is the only retry source.** A message is deleted as soon as it is picked up,
+  once ECS task protection is held (:class:`~.protection.ProtectionLease`); so the transport
+  deletes on pickup (``deletes_on_pickup``): every delivery is its task's one attempt, and a
+  requeue hands the task back to Step Functions as the error :data:`GIVEN_BACK_ERROR`.
+- **The task token is the delivery's reply address.** ``started`` and ``progress`` become
+  heartbeats, ``success`` ``SendTaskSuccess`` and ``failure`` ``SendTaskFailure``
+  (:mod:`.codec`). Beside them, a heartbeat goes every ``heartbeat_interval_s`` from pickup to
+  release, from the event loop, which no handler blocks.
+- **A stale token withdraws the delivery.** When Step Functions answers that it no longer
+  waits on the token, the delivery's cancel token is cancelled: the engine stops the handler
+  (a process-isolated task's group is killed) and nothing more is sent for it.
+- **Protection wraps the handling.** It is held from pickup until the delivery is released,
+  after its settle.
+
+boto3 is imported by :mod:`._aws` alone; its calls block, so they run on a small thread pool of
+the transport's own. The module is over 400 lines: pickup, heartbeats, withdrawal and the
+reports share one delivery's state (its token, its heartbeats, its share of protection), and
+read best in one place.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import functools
+import logging
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Final, TypeVar
+
+from async_task_api_worker.errors import (
+    BrokerRefusedError,
+    BrokerUnavailableError,
+    PublishError,
+    SettleError,
+    TransportError,
+)
+from async_task_api_worker.observability.redaction import exception_type_name
+from async_task_api_worker.ports import Delivery
+from async_task_api_worker.protocol.codes import ReportType
+from async_task_api_worker.protocol.envelope import Envelope
+from async_task_api_worker.protocol.reports import EncodedReport
+from async_task_api_worker.transports.sqs_sfn._aws import (
+    SqsApi,
+    StaleTokenError,
+    StepFunctionsApi,
+    make_clients,
+)
+from async_task_api_worker.transports.sqs_sfn.codec import (
+    MAX_CAUSE_CHARS,
+    ReadBody,
+    failure_of,
+    output_of,
+    read_body,
+)
+from async_task_api_worker.transports.sqs_sfn.protection import ProtectionLease, TaskProtection
+
+__all__ = ["GIVEN_BACK_ERROR", "SqsSfnTransport"]
+
+_logger = logging.getLogger("async_task_api_worker.transports.sqs_sfn")
+
+T = TypeVar("T")
+
+#: The ``error`` a task handed back without a result gets (a drain that ran out of grace, a
+#: report that could not get out, an executor that could not run it): not the task's failure,
+#: so a state machine's ``Retry`` on it runs the task again.
+GIVEN_BACK_ERROR: Final = "TASK_GIVEN_BACK"
+_GIVEN_BACK_CAUSE: Final = (
+    "the worker handed the task back without a result (it was stopping, or could not run or "
+    "report it): not the task's failure; retry it"
+)
+#: The longest wait between two tries to reach SQS at start, in seconds.
+CONNECT_BACKOFF_MAX_S: Final = 30.0
+#: The wait after a failed receive before the next one, in seconds.
+RECEIVE_BACKOFF_S: Final = 1.0
+
+
+@dataclass(slots=True, eq=False)
+class _Handle:
+    """The transport's side of a delivery (``Delivery.handle``)."""
+
+    message_id: str
+    read: ReadBody
+    heartbeats: asyncio.Task[None] | None = None
+    released: bool = False
+
+
+class SqsSfnTransport:
+    """A :class:`~async_task_api_worker.ports.Transport` on SQS and Step Functions.
+
+    Args:
+        queue_url: the SQS queue the ``waitForTaskToken`` state sends to (``SQS_QUEUE_URL``).
+        service: the worker's name, the envelopes' ``service``.
+        prefetch: the most messages in hand at once (``WORKER_CONCURRENCY``; 1 in job mode):
+            no message is received, so deleted, before a slot is free for it.
+        heartbeat_interval_s: seconds between two heartbeats of a token.
+        protection_minutes: minutes of ECS task protection asked at a time.
+        wait_time_s: the SQS long poll, in seconds (how long an idle stop may wait).
+        max_body_bytes: the largest body accepted (``WORKER_MAX_MESSAGE_BYTES``).
+        keep_token_in_input: keep ``task_token`` in the task input (seed 000's
+            ``request_schema`` declares it); otherwise it is removed before validation.
+        error_names: the ``error`` sent for a failure code a face names otherwise
+            (``codec.failure_of``).
+        stale_log_level: the level of the line a stale token writes.
+        sqs_client, stepfunctions_client: boto3 clients; default: from the environment.
+        protection: the ECS agent's endpoint; default: ``$ECS_AGENT_URI``.
+        connect_timeout_s: give up reaching SQS at start after this long (``None``: never).
+    """
+
+    def __init__(
+        self,
+        *,
+        queue_url: str,
+        service: str,
+        prefetch: int,
+        heartbeat_interval_s: float,
+        protection_minutes: int,
+        wait_time_s: int = 5,
+        max_body_bytes: int = 16 * 1024 * 1024,
+        keep_token_in_input: bool = False,
+        error_names: Mapping[str, str] | None = None,
+        stale_log_level: int = logging.WARNING,
+        sqs_client: Any = None,
+        stepfunctions_client: Any = None,
+        protection: TaskProtection | None = None,
+        connect_timeout_s: float | None = None,
+    ) -> None:
+        self._queue_url = queue_url
+        self._service = service
+        self._prefetch = max(1, prefetch)
+        self._heartbeat_s = heartbeat_interval_s
+        self._wait_s = wait_time_s
+        self._max_body_bytes = max_body_bytes
+        self._keep_token = keep_token_in_input
+        self._error_names = dict(error_names or {})
+        self._stale_level = stale_log_level
+        self._clients = (sqs_client, stepfunctions_client)
+        self._protection = protection
+        self._protection_minutes = protection_minutes
+        self._connect_timeout_s = connect_timeout_s
+        self._pool = concurrent.futures.ThreadPoolExecutor(
+            max_workers=self._prefetch + 4, thread_name_prefix="sqs-sfn"
+        )
+        self._sqs: SqsApi | None = None
+        self._sfn: StepFunctionsApi | None = None
+        self._lease: ProtectionLease | None = None
+        self._in_hand: set[Delivery] = set()
+        self._changed = asyncio.Event()
+        self._stopping = False
+        self._receiving_ok = False
+        self._closed = False
+
+    # ------------------------------------------------------------------ what the engine reads
+
+    @property
+    def delivery_count_known(self) -> bool:
+        """Always: every delivery is a first one (SQS redelivers nothing once deleted)."""
+        return True
+
+    @property
+    def consuming(self) -> bool:
+        """Whether the poll loop runs and its last receive went through (readiness)."""
+        return self._sqs is not None and not self._stopping and self._receiving_ok
+
+    @property
+    def publishing_blocked(self) -> bool:
+        """Never: a report Step Functions does not take is held and tried again."""
+        return False
+
+    @property
+    def deletes_on_pickup(self) -> bool:
+        """Always: Step Functions is the only retry source (seed 000, invariants 1 and 2)."""
+        return True
+
+    @property
+    def stopping(self) -> bool:
+        """Whether :meth:`stop_consuming` (or :meth:`close`) was called."""
+        return self._stopping
+
+    @property
+    def protection_lease(self) -> ProtectionLease | None:
+        """The ECS task protection held for the deliveries in hand (after :meth:`connect`)."""
+        return self._lease
+
+    # ------------------------------------------------------------------ life
+
+    async def _call(self, function: Callable[[], T]) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._pool, function)
+
+    def _ensure_clients(self) -> tuple[SqsApi, StepFunctionsApi, ProtectionLease]:
+        if self._sqs is None or self._sfn is None or self._lease is None:
+            sqs, sfn = make_clients(*self._clients)
+            self._sqs, self._sfn = SqsApi(sqs, self._queue_url), StepFunctionsApi(sfn)
+            protection = self._protection if self._protection is not None else TaskProtection()
+            self._lease = ProtectionLease(protection, self._protection_minutes, self._call)
+        return self._sqs, self._sfn, self._lease
+
+    async def connect(self) -> None:
+        """Make the clients and check the queue, trying again with a backoff capped at 30 s.
+
+        Raises:
+            BrokerRefusedError: the queue does not exist, or AWS refuses the credentials.
+            BrokerUnavailableError: SQS could not be reached within ``connect_timeout_s``.
+        """
+        sqs, _, _ = self._ensure_clients()
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        delay_s = 1.0
+        while True:
+            try:
+                await self._call(sqs.check)
+            except BrokerRefusedError:
+                raise
+            except TransportError as exc:
+                waited = loop.time() - started
+                if self._connect_timeout_s is not None and waited >= self._connect_timeout_s:
+                    raise BrokerUnavailableError(
+                        f"SQS could not be reached within {self._connect_timeout_s:g} s ({exc})"
+                    ) from exc
+                _logger.warning("SQS could not be reached (%s); trying again in %g s", exc, delay_s)
+                await asyncio.sleep(delay_s)
+                delay_s = min(delay_s * 2, CONNECT_BACKOFF_MAX_S)
+                continue
+            break
+        self._receiving_ok = True
+        _logger.info("Polling %s (Step Functions task tokens)", self._queue_url)
+
+    async def stop_consuming(self) -> None:
+        """Stop receiving; the deliveries in hand are still reported and released."""
+        self._stopping = True
+        self._changed.set()
+
+    async def close(self) -> None:
+        """Stop the heartbeats and release ECS task protection; idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._stopping = True
+        self._changed.set()
+        for delivery in list(self._in_hand):
+            self._stop_heartbeats(delivery.handle)
+        if self._lease is not None:
+            await self._lease.close()
+        # A long poll still in flight ends on its own (within SQS_WAIT_TIME_S); its messages
+        # are handed back, never deleted.
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    # ------------------------------------------------------------------ deliveries
+
+    async def deliveries(self) -> AsyncIterator[Delivery]:
+        """Receive messages while a slot is free, and hand each out once picked up."""
+        sqs, _, _ = self._ensure_clients()
+        while not self._stopping:
+            free = self._prefetch - len(self._in_hand)
+            if free <= 0:
+                self._changed.clear()
+                await self._changed.wait()
+                continue
+            for message in await self._receive(sqs, free):
+                if self.stopping:  # asked during the poll: nothing more is taken
+                    await self._hand_back(sqs, message)
+                    continue
+                yield await self.pick_up(message)
+
+    async def _receive(self, sqs: SqsApi, free: int) -> list[Mapping[str, Any]]:
+        receiving = asyncio.get_running_loop().run_in_executor(
+            self._pool, functools.partial(sqs.receive, free, self._wait_s)
+        )
+        try:
+            messages = await asyncio.shield(receiving)
+        except asyncio.CancelledError:
+            # The poll cannot be stopped half-way: what it brings is handed back, not lost.
+            receiving.add_done_callback(functools.partial(self._hand_back_later, sqs))
+            raise
+        except TransportError as exc:
+            if self._receiving_ok:
+                _logger.warning("%s; trying again", exc)
+            self._receiving_ok = False
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), RECEIVE_BACKOFF_S)
+            return []
+        self._receiving_ok = True
+        return messages
+
+    def _hand_back_later(self, sqs: SqsApi, receiving: asyncio.Future[list[Any]]) -> None:
+        if receiving.cancelled() or receiving.exception() is not None:
+            return
+        for message in receiving.result():
+            with contextlib.suppress(RuntimeError):  # the pool is shut down: SQS brings it back
+                self._pool.submit(self._hand_back_now, sqs, message)
+
+    @staticmethod
+    def _hand_back_now(sqs: SqsApi, message: Mapping[str, Any]) -> None:
+        with contextlib.suppress(SettleError):
+            sqs.make_visible(str(message.get("ReceiptHandle", "")))
+
+    async def _hand_back(self, sqs: SqsApi, message: Mapping[str, Any]) -> None:
+        with contextlib.suppress(SettleError):
+            await self._call(functools.partial(sqs.make_visible, str(message["ReceiptHandle"])))
+
+    async def pick_up(self, message: Mapping[str, Any]) -> Delivery:
+        """Protect, delete and read one received SQS message (seed 000: protect, delete, run).
+
+        Args:
+            message: as ``ReceiveMessage`` returns it (``MessageId``, ``ReceiptHandle``,
+                ``Body``).
+
+        Returns:
+            The delivery, in hand until :meth:`release`; its heartbeats have started.
+        """
+        sqs, _, lease = self._ensure_clients()
+        await lease.acquire()
+        try:
+            await self._call(functools.partial(sqs.delete, str(message.get("ReceiptHandle", ""))))
+        except SettleError as exc:
+            _logger.warning("Could not delete the message (%s); it may be delivered again", exc)
+        body = str(message.get("Body", "")).encode("utf-8", "surrogatepass")
+        message_id = str(message.get("MessageId", ""))
+        read = read_body(
+            body,
+            message_id=message_id,
+            service=self._service,
+            keep_token=self._keep_token,
+            max_body_bytes=self._max_body_bytes,
+        )
+        handle = _Handle(message_id, read)
+        delivery = Delivery(body=body, delivery_count=0, redelivered=False, handle=handle)
+        self._in_hand.add(delivery)
+        if read.token is not None:
+            handle.heartbeats = asyncio.ensure_future(self._beat_every(delivery, read.token))
+        return delivery
+
+    def envelope(self, delivery: Delivery, *, max_body_bytes: int) -> Envelope:
+        """The envelope read at pickup (``codec.read_body``, with the transport's own limit).
+
+        Raises:
+            EnvelopeDecodeError: the body was refused.
+        """
+        read = _handle(delivery).read
+        if read.envelope is None:
+            assert read.error is not None  # noqa: S101 - read_body sets one or the other
+            raise read.error
+        return read.envelope
+
+    # ------------------------------------------------------------------ heartbeats
+
+    async def _beat_every(self, delivery: Delivery, token: str) -> None:
+        _, sfn, _ = self._ensure_clients()
+        while True:
+            await asyncio.sleep(self._heartbeat_s)
+            try:
+                await self._call(functools.partial(sfn.heartbeat, token))
+            except StaleTokenError as exc:
+                self._withdraw(delivery, exc, from_heartbeats=True)
+                return
+            except PublishError as exc:
+                # Throttling, a 5xx, the network: the next beat may go through; never a kill.
+                _logger.warning("A heartbeat did not go through (%s)", exc, extra=_fields(delivery))
+
+    def _withdraw(self, delivery: Delivery, exc: StaleTokenError, *, from_heartbeats: bool) -> None:
+        if delivery.cancel_token.cancelled:
+            return
+        _logger.log(
+            self._stale_level,
+            "The task token went stale (%s): the delivery is withdrawn, its handler stopped "
+            "(its process group killed) and nothing more is sent for it",
+            exc.aws_code,
+            extra=_fields(delivery),
+        )
+        if not from_heartbeats:
+            self._stop_heartbeats(delivery.handle)
+        delivery.cancel_token.cancel("stale task token")
+
+    @staticmethod
+    def _stop_heartbeats(handle: _Handle) -> None:
+        if handle.heartbeats is not None and not handle.heartbeats.done():
+            handle.heartbeats.cancel()
+
+    # ------------------------------------------------------------------ reports
+
+    async def publish(self, delivery: Delivery, report: EncodedReport) -> None:
+        """Send ``report`` to Step Functions (see the module); returns once it is taken.
+
+        Raises:
+            MessageTooLargeError: a ``success`` whose output is over 256 KiB.
+            ReportRefusedError: Step Functions refused the output (``InvalidOutput``).
+            PublishError: it did not go through; for a stale token, after withdrawing the
+                delivery.
+        """
+        handle = _handle(delivery)
+        token = handle.read.token
+        if token is None:
+            raise PublishError("the delivery has no task token to report to")
+        _, sfn, _ = self._ensure_clients()
+        if report.type in (ReportType.STARTED, ReportType.PROGRESS):
+            call = functools.partial(sfn.heartbeat, token)
+        elif report.type is ReportType.SUCCESS:
+            call = functools.partial(sfn.succeed, token, output_of(report))
+        else:
+            error, cause = failure_of(report, self._error_names)
+            call = functools.partial(sfn.fail, token, error, cause)
+        try:
+            await self._call(call)
+        except StaleTokenError as exc:
+            self._withdraw(delivery, exc, from_heartbeats=False)
+            raise
+
+    async def ack(self, delivery: Delivery) -> None:
+        """Nothing to send: the message was deleted at pickup, its token ended by the report."""
+        return None
+
+    async def reject(self, delivery: Delivery) -> None:
+        """Nothing to send: a refused body without a task token has nobody to tell."""
+        return None
+
+    async def requeue(self, delivery: Delivery, *, count_attempt: bool) -> None:
+        """Hand the task back to Step Functions: ``SendTaskFailure`` with ``TASK_GIVEN_BACK``.
+
+        The message cannot go back to SQS (it was deleted at pickup); the state machine's
+        ``Retry`` is where another attempt comes from.
+
+        Raises:
+            SettleError: the failure could not be sent.
+        """
+        token = _handle(delivery).read.token
+        if token is None:
+            return
+        _, sfn, _ = self._ensure_clients()
+        try:
+            await self._call(
+                functools.partial(
+                    sfn.fail, token, GIVEN_BACK_ERROR, _GIVEN_BACK_CAUSE[:MAX_CAUSE_CHARS]
+                )
+            )
+        except StaleTokenError:
+            return  # Step Functions has moved on already
+        except PublishError as exc:
+            raise SettleError(f"the task could not be handed back ({exc})") from exc
+
+    async def release(self, delivery: Delivery) -> None:
+        """Stop the delivery's heartbeats and let go of its share of ECS task protection."""
+        handle = _handle(delivery)
+        if handle.released:
+            return
+        handle.released = True
+        self._stop_heartbeats(handle)
+        self._in_hand.discard(delivery)
+        self._changed.set()
+        if self._lease is not None:
+            try:
+                await self._lease.release()
+            except Exception as exc:  # the protection client never raises; an adapter bug
+                _logger.error("Releasing task protection failed (%s)", exception_type_name(exc))
+
+
+def _handle(delivery: Delivery) -> _Handle:
+    handle = delivery.handle
+    if not isinstance(handle, _Handle):
+        raise SettleError("not a delivery of this transport")
+    return handle
+
+
+def _fields(delivery: Delivery) -> dict[str, Any]:
+    handle = delivery.handle
+    return {"task_id": handle.message_id if isinstance(handle, _Handle) else None}
