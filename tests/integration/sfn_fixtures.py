@@ -25,7 +25,7 @@ REGION = "us-east-1"
 ROLE = "arn:aws:iam::123456789012:role/worker"
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
@@ -45,7 +45,7 @@ def moto_url() -> Iterator[str]:
     port = os.environ.get("MOTO_PORT")
     process = None
     if port is None:
-        port = str(_free_port())
+        port = str(free_port())
         process = subprocess.Popen(
             [sys.executable, "-m", "moto.server", "-p", port],
             stdout=subprocess.DEVNULL,
@@ -191,6 +191,8 @@ class Aws:
             AWS_SECRET_ACCESS_KEY="testing",
             QUEUE_URL=self.queue_url,
             PYTHONUNBUFFERED="1",
+            # The probes server of each worker on a free port: tests run workers side by side.
+            HEALTH_CHECK_PORT="0",
         )
         environment.update(more)
         return environment

@@ -1,0 +1,3 @@
+import sys
+
+sys.stdout.write('{"ratio": NaN}')
