@@ -216,3 +216,41 @@ def test_run_exits_2_at_once_for_an_invalid_broker_url(
     assert "invalid setting BROKER_URL" in err and says in err
     assert len(err.strip().splitlines()) == 1
     assert "s3cret" not in err
+
+
+def test_check_names_the_sqs_sfn_transport_and_its_bounds(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("WORKER_TRANSPORT", "sqs-sfn")
+    monkeypatch.setenv("SQS_QUEUE_URL", "https://sqs.eu-west-1.amazonaws.com/123456789012/words")
+    monkeypatch.setenv("WORKER_SHUTDOWN_GRACE_S", "10")
+    assert main(["check", "examples.count_words:worker"]) == 0
+    out = capsys.readouterr().out
+    assert "transport: sqs-sfn (https://sqs.eu-west-1.amazonaws.com/123456789012/words" in out
+    assert "every delivery is attempt 1/1" in out
+    assert "ECS task protection 2 min at a time" in out
+    assert "largest output: 262144 bytes" in out
+    assert "time budget" not in out  # RabbitMQ's consumer timeout does not apply
+    # A task in hand cannot be given back: the grace covers the 30 s timeout plus 10 s.
+    assert "shutdown bound: 62 s after SIGTERM (max(grace 40 s, 5)" in out
+    assert "+ 5 s long poll" in out
+
+
+def test_sqs_sfn_without_its_queue_or_boto3_exits_2_with_one_line(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("WORKER_TRANSPORT", "sqs-sfn")
+    assert main(["check", "examples.count_words:worker"]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        "async-task-api-worker: invalid setting SQS_QUEUE_URL: required with "
+        "WORKER_TRANSPORT=sqs-sfn\n"
+    )
+    monkeypatch.setenv("SQS_QUEUE_URL", "https://sqs.example/1/words")
+    for name in list(sys.modules):
+        if name.startswith("async_task_api_worker.transports.sqs_sfn"):
+            monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "boto3", None)
+    assert main(["check", "examples.count_words:worker"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "pip install 'async-task-api-worker[aws]'" in err
