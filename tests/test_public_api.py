@@ -8,6 +8,7 @@ import async_task_api_worker
 import async_task_api_worker.client
 import async_task_api_worker.detached
 import async_task_api_worker.errors
+import async_task_api_worker.sfn
 import async_task_api_worker.testing
 from async_task_api_worker import protocol
 from async_task_api_worker.runtime.exit_codes import ExitCode
@@ -109,6 +110,26 @@ def test_the_client_api_is_pinned() -> None:
     ]
 
 
+def test_the_step_functions_api_of_the_seed_is_pinned() -> None:
+    # Seed 000's names, unchanged now that the worker runs on the engine.
+    assert sorted(async_task_api_worker.sfn.__all__) == sorted(
+        [
+            "AbortedStaleTask",
+            "ErrorOutput",
+            "MalformedMessage",
+            "MalformedSubprocessOutput",
+            "NonEmptyStr",
+            "SubprocessCrashError",
+            "SubprocessOutputTooLarge",
+            "SubprocessTimeoutError",
+            "UnknownSubprocessError",
+            "Worker",
+            "WorkerRequest",
+            "run_handler",
+        ]
+    )
+
+
 def test_the_exit_codes_are_pinned() -> None:
     assert {code.name: code.value for code in ExitCode} == {"OK": 0, "FAILURE": 1, "CONFIG": 2}
 
@@ -118,6 +139,7 @@ PUBLIC_MODULES = (
     async_task_api_worker.client,
     async_task_api_worker.detached,
     async_task_api_worker.errors,
+    async_task_api_worker.sfn,
     async_task_api_worker.testing,
     protocol,
 )

@@ -21,7 +21,8 @@ from typing import Any, Final, NoReturn, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from async_task_api_worker.sfn.request import ErrorOutput, WorkerRequest, describe_validation_error
+from async_task_api_worker.protocol.envelope import describe_validation_error, model_field_names
+from async_task_api_worker.sfn.request import ErrorOutput, WorkerRequest
 
 __all__ = [
     "REQUEST_ENV",
@@ -120,8 +121,10 @@ def run_handler(request_schema: type[RequestT], handler: Callable[[RequestT], An
         data = _result_json(result)
     except BaseException as exc:
         if isinstance(exc, ValidationError):
-            # Pydantic's own text and traceback quote the values: only names and types here.
-            message = f"invalid request: {describe_validation_error(exc)}"
+            # Pydantic's own text and traceback quote the values: only names and types here,
+            # and a key the schema does not declare (the client's own) masked as <key>.
+            known = model_field_names(request_schema)
+            message = f"invalid request: {describe_validation_error(exc, known_names=known)}"
             print(f"ValidationError: {message}", file=sys.stderr)
         else:
             traceback.print_exc()

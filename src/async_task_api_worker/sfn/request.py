@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, StringConstraints, ValidationError
+from pydantic import BaseModel, ConfigDict, StringConstraints
 
-__all__ = ["ErrorOutput", "NonEmptyStr", "WorkerRequest", "describe_validation_error"]
+__all__ = ["ErrorOutput", "NonEmptyStr", "WorkerRequest"]
 
 #: A string with at least one character once surrounding whitespace is stripped.
 NonEmptyStr = Annotated[str, StringConstraints(min_length=1, strip_whitespace=True)]
@@ -34,12 +34,3 @@ class ErrorOutput(BaseModel):
 
     error: str
     message: str
-
-
-def describe_validation_error(exc: ValidationError) -> str:
-    """Field names and error types only (``size: int_parsing``): never the request's values."""
-    errors = exc.errors(include_url=False, include_input=False, include_context=False)
-    return "; ".join(
-        f"{'.'.join(str(part) for part in error['loc']) or '(body)'}: {error['type']}"
-        for error in errors
-    )

@@ -177,6 +177,27 @@ def test_run_handler_reads_the_file_keeps_prints_off_and_is_strict(tmp_path: Pat
     assert "SECRET" not in invalid.stderr and "'t'" not in invalid.stderr  # nor the token
 
 
+STRICT_CHILD = """
+from pydantic import ConfigDict
+from async_task_api_worker.sfn import WorkerRequest, run_handler
+
+class Request(WorkerRequest):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    size: int
+
+run_handler(Request, lambda request: {"size": request.size})
+"""
+
+
+def test_run_handler_names_no_client_field_of_a_refused_request() -> None:
+    body = json.dumps({"task_token": "t", "size": 1, "CLIENT_KEY_NAME_31": "v"})
+    done = run_child(STRICT_CHILD, {"WORKER_REQUEST": body})
+    envelope = json.loads(done.stdout)
+    assert (done.returncode, envelope["error"]) == (1, "ValidationError")
+    assert envelope["message"] == "invalid request: <key>: extra_forbidden"
+    assert "CLIENT_KEY_NAME_31" not in done.stderr
+
+
 def test_importing_without_boto3_says_how_to_install() -> None:
     done = run_child(
         "import sys; sys.modules['boto3'] = None\nimport async_task_api_worker.sfn", {}
