@@ -450,3 +450,39 @@ async def test_the_stale_line_is_at_the_faces_level(caplog: pytest.LogCaptureFix
     assert line.levelno == logging.INFO and "TaskTimedOut" in line.getMessage()
     await transport.release(delivery)
     await transport.close()
+
+
+async def test_a_failing_receive_is_not_ready_backs_off_and_a_stop_ends_the_wait() -> None:
+    aws = FakeAws()
+    failed = asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    def unreachable(**arguments: Any) -> Any:
+        aws.receives += 1
+        loop.call_soon_threadsafe(failed.set)
+        raise EndpointConnectionError(endpoint_url=QUEUE)
+
+    aws.receive_message = unreachable  # type: ignore[method-assign]
+    warned = asyncio.Event()
+
+    class Signal(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if "trying again" in record.getMessage():
+                warned.set()
+
+    signal_handler = Signal()
+    logging.getLogger("async_task_api_worker.transports.sqs_sfn").addHandler(signal_handler)
+    transport = transport_on(aws)
+    await transport.connect()
+    assert transport.consuming
+    polling = asyncio.ensure_future(take(transport, 1))
+    try:
+        await asyncio.wait_for(warned.wait(), 5)  # the failed receive, said once
+    finally:
+        logging.getLogger("async_task_api_worker.transports.sqs_sfn").removeHandler(signal_handler)
+    assert failed.is_set()
+    assert not transport.consuming  # /ready says `broker`
+    await transport.stop_consuming()
+    assert await asyncio.wait_for(polling, 5) == []
+    assert aws.receives == 1  # no second try: the stop cut the backoff short
+    await transport.close()

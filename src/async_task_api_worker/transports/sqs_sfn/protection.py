@@ -138,6 +138,7 @@ class ProtectionLease:
         self._run = run
         self._renew_s = renew_period_s
         self._held = 0
+        self._closed = False
         self._lock = asyncio.Lock()
         self._renewing: asyncio.Task[None] | None = None
 
@@ -158,7 +159,7 @@ class ProtectionLease:
         """One delivery less: release the protection once none is left. Never raises."""
         async with self._lock:
             self._held = max(0, self._held - 1)
-            if self._held or not self.protection.enabled:
+            if self._held or self._closed or not self.protection.enabled:
                 return
             await self._stop_renewing()
             await self._run(self.protection.disable)
@@ -179,6 +180,7 @@ class ProtectionLease:
         """Stop renewing and release whatever is held (the transport is closing)."""
         async with self._lock:
             held, self._held = self._held, 0
+            self._closed = True
             await self._stop_renewing()
             if held and self.protection.enabled:
                 await self._run(self.protection.disable)

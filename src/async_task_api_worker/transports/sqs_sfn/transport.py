@@ -151,6 +151,7 @@ class SqsSfnTransport:
         self._lease: ProtectionLease | None = None
         self._in_hand: set[Delivery] = set()
         self._changed = asyncio.Event()
+        self._stop_requested = asyncio.Event()
         self._stopping = False
         self._receiving_ok = False
         self._closed = False
@@ -190,6 +191,8 @@ class SqsSfnTransport:
     # ------------------------------------------------------------------ life
 
     async def _call(self, function: Callable[[], T]) -> T:
+        if self._closed:
+            raise PublishError("the SQS + Step Functions transport is closed")
         return await asyncio.get_running_loop().run_in_executor(self._pool, function)
 
     def _ensure_clients(self) -> tuple[SqsApi, StepFunctionsApi, ProtectionLease]:
@@ -233,19 +236,21 @@ class SqsSfnTransport:
     async def stop_consuming(self) -> None:
         """Stop receiving; the deliveries in hand are still reported and released."""
         self._stopping = True
+        self._stop_requested.set()
         self._changed.set()
 
     async def close(self) -> None:
         """Stop the heartbeats and release ECS task protection; idempotent."""
         if self._closed:
             return
-        self._closed = True
         self._stopping = True
+        self._stop_requested.set()
         self._changed.set()
         for delivery in list(self._in_hand):
             self._stop_heartbeats(delivery.handle)
         if self._lease is not None:
-            await self._lease.close()
+            await self._lease.close()  # its last call still goes through the pool
+        self._closed = True
         # A long poll still in flight ends on its own (within SQS_WAIT_TIME_S); its messages
         # are handed back, never deleted.
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -281,8 +286,8 @@ class SqsSfnTransport:
             if self._receiving_ok:
                 _logger.warning("%s; trying again", exc)
             self._receiving_ok = False
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), RECEIVE_BACKOFF_S)
+            with contextlib.suppress(TimeoutError):  # a stop cuts the wait short
+                await asyncio.wait_for(self._stop_requested.wait(), RECEIVE_BACKOFF_S)
             return []
         self._receiving_ok = True
         return messages
