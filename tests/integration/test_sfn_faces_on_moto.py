@@ -1,4 +1,4 @@
-"""A ``@worker.task`` module served on Step Functions (``WORKER_TRANSPORT=sqs-sfn``), on moto."""
+"""Both Step Functions faces on moto: a `@worker.task` on sqs-sfn, and seed 000's Worker."""
 
 from __future__ import annotations
 
@@ -134,3 +134,27 @@ def test_a_schema_failure_names_no_client_field_in_its_cause_or_the_log(
     assert task_failed(aws, refused["executionArn"])["error"] == "NAP_REFUSED"
     assert worker.stop() == 0
     assert "SECRET_FIELD_NAME_7f3a" not in worker.log()
+
+
+def test_the_seed_face_has_the_same_decision_lines_metrics_and_probes(
+    aws: Aws, sfn_worker: Any
+) -> None:
+    port = str(free_port())
+    worker = sfn_worker("tests.integration.sfn_consumer.app", aws.env(HEALTH_CHECK_PORT=port))
+    probes = f"http://127.0.0.1:{port}"
+    wait_for(lambda: get(f"{probes}/ready")[0] == 200, "never ready: " + worker.log())
+    ok = aws.finished(aws.start({"asset_upload_type": "atmos", "bucket": "b", "key": "k"}))
+    assert ok["status"] == "SUCCEEDED", worker.log()
+    refused = aws.finished(aws.start({"asset_upload_type": "other", "bucket": "b", "key": "k"}))
+    assert task_failed(aws, refused["executionArn"])["error"] == "UnsupportedAssetUploadType"
+    lines = decision_lines(worker.log())
+    assert [(line["outcome"], line.get("code")) for line in lines] == [
+        ("success", None),
+        ("failure", "UnsupportedAssetUploadType"),
+    ]
+    assert {line["service"] for line in lines} == {aws.queue_url.rpartition("/")[2]}
+    assert get(f"{probes}/health")[0] == 200
+    metrics = get(f"{probes}/metrics")[1]
+    assert 'worker_tasks_total{status="success"} 1.0' in metrics
+    assert 'worker_tasks_total{status="failure"} 1.0' in metrics
+    assert worker.stop() == 0
