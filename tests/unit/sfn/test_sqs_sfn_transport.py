@@ -486,3 +486,26 @@ async def test_a_failing_receive_is_not_ready_backs_off_and_a_stop_ends_the_wait
     assert await asyncio.wait_for(polling, 5) == []
     assert aws.receives == 1  # no second try: the stop cut the backoff short
     await transport.close()
+
+
+async def test_without_a_long_poll_an_empty_queue_is_not_asked_again_at_once() -> None:
+    aws = FakeAws()
+    asked = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    original = aws.receive_message
+
+    def counted(**arguments: Any) -> Any:
+        loop.call_soon_threadsafe(asked.set)
+        return original(**arguments)
+
+    aws.receive_message = counted  # type: ignore[method-assign]
+    transport = transport_on(aws, wait_time_s=0)
+    await transport.connect()
+    polling = asyncio.ensure_future(take(transport, 1))
+    await asyncio.wait_for(asked.wait(), 5)
+    for _ in range(20):  # give a spinning loop every chance to ask again
+        await asyncio.sleep(0)
+    await transport.stop_consuming()
+    assert await asyncio.wait_for(polling, 5) == []
+    assert aws.receives == 1
+    await transport.close()

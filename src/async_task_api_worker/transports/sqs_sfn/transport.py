@@ -290,6 +290,10 @@ class SqsSfnTransport:
                 await asyncio.wait_for(self._stop_requested.wait(), RECEIVE_BACKOFF_S)
             return []
         self._receiving_ok = True
+        if not messages and self._wait_s == 0:
+            # No long poll: an empty queue would be asked again at once, without end.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop_requested.wait(), RECEIVE_BACKOFF_S)
         return messages
 
     def _hand_back_later(self, sqs: SqsApi, receiving: asyncio.Future[list[Any]]) -> None:
