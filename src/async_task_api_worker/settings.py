@@ -185,6 +185,9 @@ class WorkerSettings(BaseSettings):
     def _transport_needs(self) -> WorkerSettings:
         if self.worker_transport is WorkerTransport.SQS_SFN and self.sqs_queue_url is None:
             raise ValueError("SQS_QUEUE_URL: required with WORKER_TRANSPORT=sqs-sfn")
+        if self.worker_transport is WorkerTransport.RABBITMQ and self.sqs_queue_url is not None:
+            # Most likely a forgotten WORKER_TRANSPORT: the worker would consume RabbitMQ.
+            raise ValueError("SQS_QUEUE_URL: set, but WORKER_TRANSPORT is rabbitmq (sqs-sfn?)")
         return self
 
     def broker_urls(self) -> tuple[str, ...]:

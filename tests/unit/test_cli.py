@@ -234,6 +234,7 @@ def test_check_names_the_sqs_sfn_transport_and_its_bounds(
     # A task in hand cannot be given back: the grace covers the 30 s timeout plus 10 s.
     assert "shutdown bound: 62 s after SIGTERM (max(grace 40 s, 5)" in out
     assert "+ 5 s long poll" in out
+    assert "ECS stopTimeout: 63" in out
 
 
 def test_sqs_sfn_without_its_queue_or_boto3_exits_2_with_one_line(
@@ -254,3 +255,15 @@ def test_sqs_sfn_without_its_queue_or_boto3_exits_2_with_one_line(
     assert main(["check", "examples.count_words:worker"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "pip install 'async-task-api-worker[aws]'" in err
+
+
+def test_a_queue_url_without_the_sqs_transport_is_refused(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A forgotten WORKER_TRANSPORT would quietly consume RabbitMQ instead.
+    monkeypatch.setenv("SQS_QUEUE_URL", "https://sqs.eu-west-1.amazonaws.com/1/words")
+    assert main(["check", "examples.count_words:worker"]) == 2
+    assert capsys.readouterr().err == (
+        "async-task-api-worker: invalid setting SQS_QUEUE_URL: set, but WORKER_TRANSPORT is "
+        "rabbitmq (sqs-sfn?)\n"
+    )

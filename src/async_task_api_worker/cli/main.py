@@ -26,7 +26,9 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     run = commands.add_parser(
-        "run", help="run a worker on RabbitMQ until SIGTERM/SIGINT (settings from the environment)"
+        "run",
+        help="run a worker until SIGTERM/SIGINT, on RabbitMQ or WORKER_TRANSPORT's transport "
+        "(settings from the environment)",
     )
     run.add_argument("target", help="my_module:worker (a Worker, or a function returning one)")
 

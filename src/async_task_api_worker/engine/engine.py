@@ -35,7 +35,7 @@ from async_task_api_worker.engine.admission import (
 )
 from async_task_api_worker.engine.execution import Stopped, StopSignal, execute
 from async_task_api_worker.engine.progress import ProgressThrottle
-from async_task_api_worker.engine.reporting import DeliveryReporter, until
+from async_task_api_worker.engine.reporting import DeliveryReporter, GiveUp, until
 from async_task_api_worker.engine.settlement import (
     Settler,
     Verdict,
@@ -336,7 +336,9 @@ class Engine:
         if isinstance(result, Stopped):
             if result.outcome is Outcome.CANCELLED:
                 return Verdict(Outcome.CANCELLED, Action.NONE)
-            return Verdict(Outcome.SHUTDOWN_REQUEUED, Action.NACK_REQUEUE)
+            return Verdict(
+                Outcome.SHUTDOWN_REQUEUED, Action.NACK_REQUEUE, reason=GiveUp.ABORTED.value
+            )
         if isinstance(result, HandedOff):
             return Verdict(Outcome.DETACHED, Action.ACK)  # the hand-off is the durable receipt
         return await self._conclude(run, result, stop)

@@ -177,9 +177,12 @@ class DeliveryReporter:
                 if not progress:
                     self.gave_up = why
                     _logger.warning(
-                        "The %s report could not get out (%s); giving the delivery back",
+                        "The %s report could not get out (%s); %s",
                         report.type,
                         why.value,
+                        "the delivery was withdrawn: nothing more is sent for it"
+                        if why is GiveUp.WITHDRAWN
+                        else "giving the delivery back",
                         extra=self._log_extra(),
                     )
                 return False
@@ -210,7 +213,7 @@ class DeliveryReporter:
                     # A hold may last the consumer timeout: one line a minute, not one a try.
                     logged_at = now
                     _logger.warning(
-                        "The %s report was not confirmed by the broker (%s)%s",
+                        "The %s report was not taken by the broker (%s)%s",
                         report.type,
                         exception_type_name(exc.__cause__ or exc),
                         ""

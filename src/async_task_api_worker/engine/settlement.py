@@ -176,10 +176,14 @@ class Settler:
             cause = exc.__cause__ if isinstance(exc, SettleError) and exc.__cause__ else exc
             settlement = replace(settlement, settled=False)
             _logger.warning(
-                "The %s of the delivery did not reach the broker (%s); the broker will deliver it "
-                "again, and its task may be reported twice",
+                "The %s of the delivery did not reach the broker (%s); %s",
                 verdict.action.value,
                 exception_type_name(cause),
+                # A message deleted on pickup is never delivered again: only its caller's own
+                # timeout (Step Functions' HeartbeatSeconds) ends the task now.
+                "the caller's timeout ends the task now (it was deleted on pickup)"
+                if self._transport.deletes_on_pickup
+                else "the broker will deliver it again, and its task may be reported twice",
                 extra=task_log_extra(
                     {"task_id": run.task_id, "service": self._service, "attempt": run.attempt}
                 ),

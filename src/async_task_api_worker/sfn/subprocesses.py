@@ -2,7 +2,8 @@
 
 ``select_subprocess_module(request)`` names the module; ``python -m <module>`` runs in a session
 of its own (``executors.process.group``: killed whole, reaped, its pipes drained, whatever ends
-it: its deadline, a stale token, a drain). The request travels as seed 000 says: the raw body
+it: its deadline, a stale token, a drain), under a supervisor that kills the group if the worker
+itself is killed (:mod:`.launch`). The request travels as seed 000 says: the raw body
 in ``WORKER_REQUEST``, or, when it is 64 KiB or more, in a private file named by
 ``WORKER_REQUEST_FILE``. The result comes back on stdout, and :func:`interpret` is seed 000's
 reading of it, here alone:
@@ -223,7 +224,7 @@ class SubprocessExecutor:
         try:
             try:
                 child = await spawn_in_new_session(
-                    [self._python, "-m", module],
+                    [self._python, "-m", "async_task_api_worker.sfn.launch", module],
                     env=env,
                     stdout_fd=stdout.write_fd,
                     stderr_fd=stderr.write_fd,
@@ -253,9 +254,11 @@ class SubprocessExecutor:
                 log_tails((stderr,), task_id=request.task_id, level=level, logger=_logger)
         if code is None:
             self._levels.log(SubprocessTimeoutError, "%s ran past its time and was killed", module)
+            minutes = request.timeout_s / 60
             return Failure(
                 ErrorCode.TASK_TIMEOUT,
-                f"the subprocess ran past {request.timeout_s / 60:g} minutes and was killed",
+                f"the subprocess ran past {minutes:g} minute{'' if minutes == 1 else 's'} and "
+                "was killed",
             )
         conclusion, normal = interpret(code, stdout, levels=self._levels, module=module)
         log_tails(

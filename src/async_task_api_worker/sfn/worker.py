@@ -238,4 +238,5 @@ class Worker(Generic[RequestT]):
         transport = runner.transport
         assert isinstance(transport, SqsSfnTransport)  # noqa: S101 - made by runner()
         delivery = await transport.pick_up(message)
-        await runner.engine.handle(delivery)
+        if delivery is not None:  # None: a copy of a message in hand, deleted, not run twice
+            await runner.engine.handle(delivery)

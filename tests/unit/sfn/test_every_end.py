@@ -170,3 +170,39 @@ async def test_the_subprocess_stderr_is_redacted_and_at_debug_after_a_normal_end
     assert tail.levelno == logging.DEBUG
     assert "amqp://worker:***@broker" in tail.getMessage()
     assert "S3CRET-PW-91" not in caplog.text
+
+
+def test_a_worker_killed_with_sigkill_takes_its_subprocess_group_with_it() -> None:
+    import os
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    marker = f"atw-orphan-{uuid.uuid4().hex}"
+    request = json.dumps({"task_token": "t", "case": "long", "marker": marker})
+    worker = f"""
+import os, subprocess, sys, time
+env = dict(os.environ, WORKER_REQUEST={request!r})
+subprocess.Popen(
+    [sys.executable, "-m", "async_task_api_worker.sfn.launch",
+     "tests.integration.sfn_consumer.case_long"],
+    env=env, start_new_session=True,
+)
+time.sleep(300)
+"""
+    process = subprocess.Popen(
+        [sys.executable, "-c", worker], cwd=Path(__file__).resolve().parents[3], env=os.environ
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while len(processes_with(marker)) < 2:  # the subprocess's two grandchildren
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+    finally:
+        process.kill()  # what kill -9 or the OOM killer does to the worker
+        process.wait()
+    deadline = time.monotonic() + 10
+    while processes_with(marker):
+        assert time.monotonic() < deadline, "the subprocess's group outlived its worker"
+        time.sleep(0.05)

@@ -20,6 +20,8 @@ from async_task_api_worker.errors import (
     BrokerUnavailableError,
     EnvelopeDecodeError,
     MessageTooLargeError,
+    PublishError,
+    ReportRefusedError,
     SettleError,
 )
 from async_task_api_worker.executors import InlineExecutor
@@ -36,6 +38,11 @@ from async_task_api_worker.settings import load_settings
 from async_task_api_worker.sfn.protection import TaskProtection
 from async_task_api_worker.transports.memory import InMemoryTransport
 from async_task_api_worker.transports.sqs_sfn import GIVEN_BACK_ERROR, SqsSfnTransport
+from async_task_api_worker.transports.sqs_sfn._aws import (
+    QueueRefusedError,
+    StepFunctionsApi,
+    make_clients,
+)
 from async_task_api_worker.transports.sqs_sfn.codec import (
     MAX_CAUSE_CHARS,
     MAX_ERROR_CHARS,
@@ -45,6 +52,7 @@ from async_task_api_worker.transports.sqs_sfn.codec import (
     read_body,
 )
 from tests.conftest import decision_records
+from tests.unit.sfn.test_sfn_parts import stubbed
 
 QUEUE = "https://sqs.example/123456789012/svc"
 
@@ -293,8 +301,8 @@ async def test_a_message_received_after_the_stop_is_handed_back_not_deleted() ->
 
     aws.receive_message = stop_while_polling  # type: ignore[method-assign]
     assert await take(transport, 1) == []
+    await transport.close()  # the hand-back runs beside; close waits for it
     assert aws.sent("visible") == ["r-late"] and aws.sent("delete") == []
-    await transport.close()
 
 
 async def test_a_give_back_ends_the_token_with_task_given_back() -> None:
@@ -509,3 +517,139 @@ async def test_without_a_long_poll_an_empty_queue_is_not_asked_again_at_once() -
     assert await asyncio.wait_for(polling, 5) == []
     assert aws.receives == 1
     await transport.close()
+
+
+# ---------------------------------------------------------------------------- found by breaking
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"task_token": "tok", "ratio": NaN}',
+        b'\xef\xbb\xbf{"task_token": "tok"}',
+        b'{"task_token": "tok", "n": ' + b"9" * 5000 + b"}",
+        b'{"task_token": "tok", "deep": ' + b"[" * 5000 + b"]" * 5000 + b"}",
+        b'{"task_token": "tok", "big": "' + b"a" * 5000 + b'"}',
+    ],
+)
+def test_a_body_the_strict_reader_refuses_still_ends_its_token(body: bytes) -> None:
+    read = read_body(body, message_id="m-7", service="svc", keep_token=False, max_body_bytes=4000)
+    assert read.token == "tok" and read.envelope is None
+    assert read.error is not None and read.error.task_id == "m-7"  # reported: POISON_MESSAGE
+
+
+def test_a_refused_body_without_a_token_names_its_sqs_message() -> None:
+    read = read_body(b"{x", message_id="m-8", service="svc", keep_token=False, max_body_bytes=99)
+    assert read.token is None and "(SQS message m-8)" in str(read.error)
+
+
+async def test_a_queue_sqs_refuses_for_good_stops_the_poll() -> None:
+    aws = FakeAws()
+    transport = transport_on(aws)
+    await transport.connect()
+
+    def gone(**arguments: Any) -> Any:
+        raise ClientError(
+            {"Error": {"Code": "AWS.SimpleQueueService.NonExistentQueue", "Message": "x"}},
+            "ReceiveMessage",
+        )
+
+    aws.receive_message = gone  # type: ignore[method-assign]
+    with pytest.raises(QueueRefusedError, match="NonExistentQueue"):
+        await take(transport, 1)
+    await transport.close()
+
+
+async def test_deletes_refused_for_good_hand_the_message_back_and_stop() -> None:
+    aws = FakeAws([token_body("a")])
+    agent = Agent()
+    transport = transport_on(aws, protection=agent)
+    await transport.connect()
+
+    def denied(**arguments: Any) -> None:
+        raise ClientError({"Error": {"Code": "AccessDenied", "Message": "x"}}, "DeleteMessage")
+
+    aws.delete_message = denied  # type: ignore[method-assign]
+    with pytest.raises(QueueRefusedError, match="AccessDenied"):
+        await take(transport, 1)
+    assert aws.sent("visible") == ["r-0"]
+    assert agent.states == [True, False]
+    await transport.close()
+
+
+async def test_a_delete_that_failed_is_tried_again_and_its_copy_is_not_run_twice() -> None:
+    aws = FakeAws([token_body("a")])
+    transport = transport_on(aws, prefetch=2)
+    await transport.connect()
+    aws.delete_message = lambda **arguments: (_ for _ in ()).throw(  # type: ignore[method-assign]
+        ClientError({"Error": {"Code": "InternalError", "Message": "x"}}, "DeleteMessage")
+    )
+    (delivery,) = await take(transport, 1)
+    assert delivery.handle.deleted is False
+    del aws.delete_message  # SQS takes deletes again
+    # SQS brings the message back (its visibility timeout ran out): the same token.
+    copy = {"MessageId": "m-0", "ReceiptHandle": "r-again", "Body": token_body("a")}
+    assert await transport.pick_up(copy) is None
+    assert aws.sent("delete") == ["r-again"]
+    await transport.release(delivery)
+    assert aws.sent("delete") == ["r-again", "r-0"]  # tried again at release
+    await transport.close()
+
+
+async def test_a_stop_during_pickup_hands_the_task_back_to_step_functions() -> None:
+    aws = FakeAws([token_body("a"), token_body("b")])
+    transport = transport_on(aws, prefetch=2)
+    await transport.connect()
+    deleting, release_delete = asyncio.Event(), asyncio.Event()
+    loop = asyncio.get_running_loop()
+    original = aws.delete_message
+
+    def slow_delete(**arguments: Any) -> None:
+        loop.call_soon_threadsafe(deleting.set)
+        asyncio.run_coroutine_threadsafe(release_delete.wait(), loop).result(5)
+        original(**arguments)
+
+    aws.delete_message = slow_delete  # type: ignore[method-assign]
+    consumer = asyncio.ensure_future(take(transport, 2))
+    await asyncio.wait_for(deleting.wait(), 5)
+    consumer.cancel()  # the runner's drain cancels its consumer mid-pickup
+    with pytest.raises(asyncio.CancelledError):
+        await consumer
+    release_delete.set()
+    await transport.close()  # waits for what the stop left behind
+    assert [(token, error) for token, error, _ in aws.sent("failure")] == [("a", GIVEN_BACK_ERROR)]
+    assert aws.sent("visible") == ["r-1"]  # the rest of the batch, back to the queue
+
+
+def test_a_call_refused_for_good_is_not_held() -> None:
+    client, stubber = stubbed()
+    stubber.add_client_error(
+        "send_task_success", service_error_code="ValidationException", http_status_code=400
+    )
+    stubber.add_client_error(
+        "send_task_failure", service_error_code="AccessDeniedException", http_status_code=400
+    )
+    stubber.add_client_error(
+        "send_task_heartbeat", service_error_code="ValidationException", http_status_code=400
+    )
+    api = StepFunctionsApi(client)
+    with stubber:
+        with pytest.raises(ReportRefusedError, match="ValidationException"):
+            api.succeed("t", "{}")
+        with pytest.raises(ReportRefusedError, match="AccessDeniedException"):
+            api.fail("t", "E", "c")
+        with pytest.raises(PublishError) as raised:  # a beat is only ever tried again
+            api.heartbeat("t")
+    assert not isinstance(raised.value, ReportRefusedError)
+
+
+def test_the_region_comes_from_the_queue_url_when_none_is_set(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for name in ("AWS_DEFAULT_REGION", "AWS_REGION", "AWS_PROFILE", "AWS_CONFIG_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent")
+    sqs, sfn = make_clients(queue_url="https://sqs.eu-west-1.amazonaws.com/1/q")
+    assert (sqs.meta.region_name, sfn.meta.region_name) == ("eu-west-1", "eu-west-1")
+    with pytest.raises(BrokerRefusedError, match="no AWS region"):
+        make_clients(queue_url="http://127.0.0.1:9/1/q")

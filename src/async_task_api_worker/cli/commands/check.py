@@ -23,6 +23,9 @@ from async_task_api_worker.settings import (
 
 __all__ = ["check_command"]
 
+#: The longest ``stopTimeout`` ECS allows a container (Fargate and EC2 alike), in seconds.
+ECS_MAX_STOP_TIMEOUT_S = 120
+
 
 def check_command(target: str) -> int:
     """Check ``target`` against the environment's settings and print the numbers.
@@ -54,10 +57,21 @@ def check_command(target: str) -> int:
         else ""
     )
     print(
-        f"shutdown bound: {bound_s:g} s after SIGTERM (max(grace {grace:g} s, 5) + 5 s nacks + "
-        f"5 s close + {hooks:g} s shutdown hooks + 2 s{poll})"
+        f"shutdown bound: {bound_s:g} s after SIGTERM (max(grace {grace:g} s, 5) + 5 s "
+        f"give-backs + 5 s close + {hooks:g} s shutdown hooks + 2 s{poll})"
     )
     print(f"terminationGracePeriodSeconds: {math.ceil(bound_s) + 1}")
+    if settings.worker_transport is WorkerTransport.SQS_SFN:
+        stop_s = math.ceil(bound_s) + 1
+        print(
+            f"ECS stopTimeout: {min(stop_s, ECS_MAX_STOP_TIMEOUT_S)}"
+            + (
+                f" (ECS allows {ECS_MAX_STOP_TIMEOUT_S} s at most: a longer drain is cut by "
+                "SIGKILL, and Step Functions sees a heartbeat timeout)"
+                if stop_s > ECS_MAX_STOP_TIMEOUT_S
+                else ""
+            )
+        )
     uses_uvloop = loop_factory(settings.worker_event_loop) is not None
     print(
         f"event loop: {'uvloop' if uses_uvloop else 'asyncio'} "

@@ -11,16 +11,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
 import json
 import logging
 import os
 import resource
-import signal
 import socket
 import sys
 from collections.abc import Callable
-from typing import Any, Final, cast
+from typing import Any, cast
 
 from async_task_api_worker.conclusion import Failure
 from async_task_api_worker.context import ProgressDropReason, ProgressUpdate
@@ -33,6 +31,7 @@ from async_task_api_worker.executors.process.channel import (
     ProgressMessage,
     TaskRequest,
 )
+from async_task_api_worker.executors.process.group import become_subreaper, die_with_parent
 from async_task_api_worker.observability.logging import RECORD_ATTRIBUTES, json_scalar
 from async_task_api_worker.observability.redaction import exception_type_name
 from async_task_api_worker.protocol.codes import ErrorCode
@@ -41,10 +40,8 @@ from async_task_api_worker.task_call import call_here
 
 __all__ = ["become_subreaper", "die_with_parent", "load_handler", "serve_one"]
 
-_PR_SET_PDEATHSIG: Final = 1
 # Memory set aside at import and released on a MemoryError: the answer needs some.
 _RESERVE: bytearray | None = bytearray(1 << 20)
-_PR_SET_CHILD_SUBREAPER: Final = 36
 
 
 def load_handler(reference: str, main_path: str | None = None) -> Callable[..., Any]:
@@ -55,26 +52,6 @@ def load_handler(reference: str, main_path: str | None = None) -> Callable[..., 
         AttributeError: it has no such function.
     """
     return cast("Callable[..., Any]", load_reference(reference, main_path=main_path))
-
-
-def _prctl(option: int, value: int) -> None:
-    with contextlib.suppress(Exception):  # not Linux: the protection is simply not there
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(option, value, 0, 0, 0)
-
-
-def die_with_parent() -> None:
-    """Ask Linux to SIGKILL this process when its parent dies (no-op elsewhere)."""
-    _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
-def become_subreaper() -> None:
-    """Make this process the parent of its orphaned descendants (Linux).
-
-    It then reaps them: a task's killed grandchildren do not linger as zombies, whatever
-    PID 1 does.
-    """
-    _prctl(_PR_SET_CHILD_SUBREAPER, 1)
 
 
 class _ChannelSink:

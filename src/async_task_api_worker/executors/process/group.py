@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import logging
 import os
 import signal
@@ -25,6 +26,8 @@ __all__ = [
     "GROUP_GONE_TIMEOUT_S",
     "REAP_TIMEOUT_S",
     "TaskProcess",
+    "become_subreaper",
+    "die_with_parent",
     "end_group",
     "log_tails",
     "signal_name",
@@ -37,6 +40,32 @@ REAP_TIMEOUT_S: Final = 5.0
 GROUP_GONE_TIMEOUT_S: Final = 1.0
 #: Seconds an output pipe gets to reach its end once the group is dead.
 OUTPUT_END_TIMEOUT_S: Final = 1.0
+
+_PR_SET_PDEATHSIG: Final = 1
+_PR_SET_CHILD_SUBREAPER: Final = 36
+
+
+def _prctl(option: int, value: int) -> None:
+    with contextlib.suppress(Exception):  # not Linux: the protection is simply not there
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(option, value, 0, 0, 0)
+
+
+def die_with_parent(signal_number: int = signal.SIGKILL) -> None:
+    """Ask Linux to send ``signal_number`` to this process when its parent dies.
+
+    A no-op where there is no ``prctl`` (not Linux).
+    """
+    _prctl(_PR_SET_PDEATHSIG, signal_number)
+
+
+def become_subreaper() -> None:
+    """Make this process the parent of its orphaned descendants (Linux).
+
+    It then reaps them: a task's killed grandchildren do not linger as zombies, whatever
+    PID 1 does.
+    """
+    _prctl(_PR_SET_CHILD_SUBREAPER, 1)
 
 
 class TaskProcess:

@@ -8,18 +8,24 @@ transport above never sees a botocore type:
 - an output Step Functions refuses (``InvalidOutput``) is ``ReportRefusedError``;
 - throttling, 5xx answers and network errors left after botocore's own retries are
   ``PublishError`` / ``SettleError`` / ``TransportError``: passing conditions, tried again;
-- an SQS queue that does not exist, or credentials AWS refuses, is ``BrokerRefusedError``.
+- any other refusal of a report (a 4xx: ``ValidationException``, ``AccessDeniedException``) is
+  ``ReportRefusedError`` too: trying it again for half an hour cannot help;
+- an SQS queue that does not exist, or credentials AWS refuses, is ``BrokerRefusedError`` at
+  start and :class:`QueueRefusedError` later (the worker stops: every message would run again);
+- a missing region or a malformed ``AWS_ENDPOINT_URL`` is ``BrokerRefusedError``.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any, Final
+from urllib.parse import urlsplit
 
 try:
     import boto3
     from botocore.config import Config
-    from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
+    from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError, NoRegionError
 except ImportError as exc:  # pragma: no cover - exercised without the extra only
     raise ImportError(
         "the SQS + Step Functions transport needs boto3: pip install 'async-task-api-worker[aws]'"
@@ -33,7 +39,15 @@ from async_task_api_worker.errors import (
     TransportError,
 )
 
-__all__ = ["STALE_TOKEN_CODES", "SqsApi", "StaleTokenError", "StepFunctionsApi", "make_clients"]
+__all__ = [
+    "STALE_TOKEN_CODES",
+    "QueueRefusedError",
+    "SqsApi",
+    "StaleTokenError",
+    "StepFunctionsApi",
+    "make_clients",
+    "region_of",
+]
 
 #: botocore's standard retry mode: throttling and 5xx answers are retried with a jittered
 #: exponential backoff, up to this many attempts in all; and no call waits on a stuck endpoint
@@ -41,6 +55,8 @@ __all__ = ["STALE_TOKEN_CODES", "SqsApi", "StaleTokenError", "StepFunctionsApi",
 _CONFIG: Final = Config(
     retries={"mode": "standard", "max_attempts": 5}, connect_timeout=5, read_timeout=10
 )
+
+_REGION_IN_HOST: Final = re.compile(r"sqs[.-]([a-z]{2}(?:-[a-z]+)+-[0-9])\.amazonaws\.com(?:\.cn)?")
 
 #: The errors Step Functions answers for a task token it no longer waits on (AWS API
 #: reference, ``SendTaskHeartbeat`` / ``SendTaskSuccess`` / ``SendTaskFailure``).
@@ -61,6 +77,27 @@ _REFUSED_CODES: Final = frozenset(
 )
 
 
+#: Answers that a later try may get past: AWS's throttling codes (and any 5xx).
+_PASSING_CODES: Final = frozenset(
+    {
+        "ThrottlingException",
+        "Throttling",
+        "TooManyRequestsException",
+        "RequestLimitExceeded",
+        "ProvisionedThroughputExceededException",
+        "RequestTimeout",
+        "RequestTimeoutException",
+        "ServiceUnavailable",
+        "InternalFailure",
+        "InternalServerError",
+    }
+)
+
+
+class QueueRefusedError(TransportError):
+    """SQS refuses the queue for good (it was deleted, or the role lost its rights)."""
+
+
 class StaleTokenError(PublishError):
     """Step Functions no longer waits on the task token: nothing more can be sent for it.
 
@@ -73,16 +110,40 @@ class StaleTokenError(PublishError):
         super().__init__(f"the task token is stale ({aws_code})")
 
 
-def make_clients(sqs: Any = None, stepfunctions: Any = None) -> tuple[Any, Any]:
+def region_of(queue_url: str) -> str | None:
+    """The region an AWS queue URL names (``https://sqs.eu-west-1.amazonaws.com/...``)."""
+    found = _REGION_IN_HOST.fullmatch(urlsplit(queue_url).hostname or "")
+    return found.group(1) if found else None
+
+
+def make_clients(
+    sqs: Any = None, stepfunctions: Any = None, *, queue_url: str | None = None
+) -> tuple[Any, Any]:
     """The SQS and Step Functions clients: the given ones, or new ones.
 
     New ones read the region, the credentials and ``AWS_ENDPOINT_URL`` from the environment,
-    as boto3 does, with the retries and timeouts above.
+    as boto3 does, with the retries and timeouts above; without a region there, the one the
+    queue's URL names.
+
+    Raises:
+        BrokerRefusedError: no region anywhere, or ``AWS_ENDPOINT_URL`` is not an endpoint.
     """
-    if sqs is None:
-        sqs = boto3.client("sqs", config=_CONFIG)
-    if stepfunctions is None:
-        stepfunctions = boto3.client("stepfunctions", config=_CONFIG)
+    options: dict[str, Any] = {"config": _CONFIG}
+    if boto3.session.Session().region_name is None and queue_url is not None:
+        region = region_of(queue_url)
+        if region is not None:
+            options["region_name"] = region
+    try:
+        if sqs is None:
+            sqs = boto3.client("sqs", **options)
+        if stepfunctions is None:
+            stepfunctions = boto3.client("stepfunctions", **options)
+    except NoRegionError as exc:
+        raise BrokerRefusedError(
+            "no AWS region (AWS_DEFAULT_REGION, AWS_REGION or a profile)"
+        ) from exc
+    except ValueError as exc:  # botocore: "Invalid endpoint: ..."
+        raise BrokerRefusedError("AWS_ENDPOINT_URL is not a valid endpoint URL") from exc
     return sqs, stepfunctions
 
 
@@ -90,6 +151,12 @@ def _code(exc: Exception) -> str:
     if isinstance(exc, ClientError):
         return str(exc.response.get("Error", {}).get("Code", "Unknown"))
     return type(exc).__name__
+
+
+def _passing(exc: ClientError) -> bool:
+    """Whether a later try may get past this answer (throttling, a 5xx)."""
+    status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+    return _code(exc) in _PASSING_CODES or (status is not None and int(status) >= 500)
 
 
 class StepFunctionsApi:
@@ -109,6 +176,10 @@ class StepFunctionsApi:
                 raise ReportRefusedError(
                     "Step Functions refused the output (InvalidOutput)"
                 ) from exc
+            if not _passing(exc) and operation != "send_task_heartbeat":
+                # A 4xx other than throttling: holding the report for half an hour cannot
+                # help (a ValidationException, a role without states:SendTaskSuccess).
+                raise ReportRefusedError(f"Step Functions refused the call ({code})") from exc
             raise PublishError(f"Step Functions answered {code}") from exc
         except BotoCoreError as exc:
             raise PublishError(f"Step Functions could not be reached ({_code(exc)})") from exc
@@ -127,8 +198,9 @@ class StepFunctionsApi:
 
         Raises:
             StaleTokenError: the token is stale.
-            ReportRefusedError: Step Functions refused the output (``InvalidOutput``).
-            PublishError: it could not be sent.
+            ReportRefusedError: Step Functions refused the output (``InvalidOutput``), or the
+                call for good (another 4xx).
+            PublishError: it could not be sent (throttling, a 5xx, the network).
         """
         self._send("send_task_success", taskToken=token, output=output)
 
@@ -137,7 +209,8 @@ class StepFunctionsApi:
 
         Raises:
             StaleTokenError: the token is stale.
-            PublishError: it could not be sent.
+            ReportRefusedError: Step Functions refused the call for good (a 4xx).
+            PublishError: it could not be sent (throttling, a 5xx, the network).
         """
         self._send("send_task_failure", taskToken=token, error=error, cause=cause)
 
@@ -176,6 +249,7 @@ class SqsApi:
         """Long-poll for at most ``max_messages`` (1..10) messages, ``wait_s`` seconds.
 
         Raises:
+            QueueRefusedError: SQS refuses the queue for good.
             TransportError: the call failed.
         """
         try:
@@ -184,7 +258,10 @@ class SqsApi:
                 MaxNumberOfMessages=max(1, min(10, max_messages)),
                 WaitTimeSeconds=wait_s,
             )
-        except (ClientError, BotoCoreError) as exc:
+        except ClientError as exc:
+            self._refused(exc, "receive from")
+            raise TransportError(f"receiving from SQS failed ({_code(exc)})") from exc
+        except BotoCoreError as exc:
             raise TransportError(f"receiving from SQS failed ({_code(exc)})") from exc
         return list(answer.get("Messages", []))
 
@@ -192,12 +269,25 @@ class SqsApi:
         """Delete a received message.
 
         Raises:
+            QueueRefusedError: SQS refuses deletes for good (the role lacks
+                ``sqs:DeleteMessage``, the queue is gone).
             SettleError: the delete did not go through.
         """
         try:
             self._client.delete_message(QueueUrl=self._queue_url, ReceiptHandle=receipt_handle)
-        except (ClientError, BotoCoreError) as exc:
+        except ClientError as exc:
+            self._refused(exc, "delete from")
             raise SettleError(f"deleting the SQS message failed ({_code(exc)})") from exc
+        except BotoCoreError as exc:
+            raise SettleError(f"deleting the SQS message failed ({_code(exc)})") from exc
+
+    @staticmethod
+    def _refused(exc: ClientError, what: str) -> None:
+        code = _code(exc)
+        if code in _REFUSED_CODES:
+            raise QueueRefusedError(
+                f"SQS refuses to let the worker {what} SQS_QUEUE_URL ({code})"
+            ) from exc
 
     def make_visible(self, receipt_handle: str) -> None:
         """Hand a received message back to the queue at once (its visibility timeout to 0).

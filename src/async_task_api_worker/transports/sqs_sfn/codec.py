@@ -18,6 +18,7 @@ characters) and the message as ``cause`` (at most 32,768).
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -45,6 +46,7 @@ __all__ = [
     "failure_of",
     "output_of",
     "read_body",
+    "salvage_token",
 ]
 
 #: Step Functions' limit on a task's output (``SendTaskSuccess``'s ``output``), in bytes.
@@ -58,6 +60,7 @@ TOKEN_FIELD: Final = "task_token"  # noqa: S105 - a field name, not a secret
 STEP_FUNCTIONS_CLIENT: Final = "step-functions"
 
 _ID_RE: Final = re.compile(ID_PATTERN)
+_TOKEN_IN_TEXT: Final = re.compile(r'"task_token"\s*:\s*"([^"\\]+)"')
 _NO_TOKEN: Final = "no task token to report to"  # noqa: S105 - a message
 
 
@@ -82,6 +85,29 @@ def _token_of(document: Mapping[str, Any]) -> str | None:
     return token if isinstance(token, str) and token.strip() else None
 
 
+def salvage_token(body: bytes) -> str | None:
+    """The task token of a body the strict reader refuses, when it can still be found.
+
+    A body too large, nested past the parser, with ``NaN``, ``1e400``, an endless integer or a
+    byte-order mark still holds a token Step Functions waits on: it is read leniently (numbers
+    ignored), or, when even that fails, taken from the one ``"task_token": "..."`` in the text.
+    """
+    text = body.decode("utf-8", "replace").lstrip("\ufeff")
+    try:
+        document = json.loads(
+            text,
+            parse_constant=lambda _constant: None,
+            parse_float=lambda _number: None,
+            parse_int=lambda _number: None,
+        )
+    except (ValueError, RecursionError):
+        document = None
+    if isinstance(document, dict):
+        return _token_of(document)
+    found = _TOKEN_IN_TEXT.findall(text)
+    return found[0] if len(found) == 1 and found[0].strip() else None
+
+
 def read_body(
     body: bytes, *, message_id: str, service: str, keep_token: bool, max_body_bytes: int
 ) -> ReadBody:
@@ -96,22 +122,30 @@ def read_body(
             it); otherwise it is removed before the input is validated.
         max_body_bytes: ``WORKER_MAX_MESSAGE_BYTES``.
     """
+    if not _ID_RE.fullmatch(message_id):
+        # No id the reports could carry: a refusal still ends the token under this one.
+        message_id = "sqs-message"
     try:
         document, text = read_object(body, max_body_bytes=max_body_bytes)
     except EnvelopeDecodeError as exc:
-        return ReadBody(None, error=EnvelopeDecodeError(exc.reason, f"{exc.detail}; {_NO_TOKEN}"))
+        salvaged = salvage_token(body)
+        if salvaged is None:
+            detail = f"{exc.detail}; {_NO_TOKEN} (SQS message {message_id})"
+            return ReadBody(None, error=EnvelopeDecodeError(exc.reason, detail))
+        refused = EnvelopeDecodeError(
+            exc.reason, exc.detail, task_id=message_id, client_id=STEP_FUNCTIONS_CLIENT
+        )
+        return ReadBody(salvaged, error=refused)  # refused, and reported: the token ends
     token = _token_of(document)
     if token is None:
         return ReadBody(
             None,
             error=EnvelopeDecodeError(
                 PoisonReason.INVALID_ENVELOPE,
-                f"the body has no {TOKEN_FIELD} (a non-empty string); {_NO_TOKEN}",
+                f"the body has no {TOKEN_FIELD} (a non-empty string); {_NO_TOKEN} "
+                f"(SQS message {message_id})",
             ),
         )
-    if not _ID_RE.fullmatch(message_id):
-        # A token, but no id the reports could carry: the refusal still ends the token.
-        message_id = "sqs-message"
     try:
         check_depth(document, text, task_id=message_id, client_id=STEP_FUNCTIONS_CLIENT)
     except EnvelopeDecodeError as exc:

@@ -25,11 +25,10 @@ read best in one place.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import functools
 import logging
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, TypeVar
 
@@ -46,6 +45,7 @@ from async_task_api_worker.protocol.codes import ReportType
 from async_task_api_worker.protocol.envelope import Envelope
 from async_task_api_worker.protocol.reports import EncodedReport
 from async_task_api_worker.transports.sqs_sfn._aws import (
+    QueueRefusedError,
     SqsApi,
     StaleTokenError,
     StepFunctionsApi,
@@ -59,6 +59,8 @@ from async_task_api_worker.transports.sqs_sfn.codec import (
     read_body,
 )
 from async_task_api_worker.transports.sqs_sfn.protection import ProtectionLease, TaskProtection
+from async_task_api_worker.transports.sqs_sfn.receiving import FAILURE_LOG_EVERY_S, Receiver
+from async_task_api_worker.transports.sqs_sfn.threads import DaemonPool
 
 __all__ = ["GIVEN_BACK_ERROR", "SqsSfnTransport"]
 
@@ -76,8 +78,6 @@ _GIVEN_BACK_CAUSE: Final = (
 )
 #: The longest wait between two tries to reach SQS at start, in seconds.
 CONNECT_BACKOFF_MAX_S: Final = 30.0
-#: The wait after a failed receive before the next one, in seconds.
-RECEIVE_BACKOFF_S: Final = 1.0
 
 
 @dataclass(slots=True, eq=False)
@@ -86,6 +86,8 @@ class _Handle:
 
     message_id: str
     read: ReadBody
+    receipt: str = ""
+    deleted: bool = True
     heartbeats: asyncio.Task[None] | None = None
     released: bool = False
 
@@ -143,17 +145,24 @@ class SqsSfnTransport:
         self._protection = protection
         self._protection_minutes = protection_minutes
         self._connect_timeout_s = connect_timeout_s
-        self._pool = concurrent.futures.ThreadPoolExecutor(
-            max_workers=self._prefetch + 4, thread_name_prefix="sqs-sfn"
-        )
+        # Room for each delivery's beat and report at once, a poll, and the give-backs.
+        self._pool = DaemonPool(2 * self._prefetch + 4, "sqs-sfn")
         self._sqs: SqsApi | None = None
         self._sfn: StepFunctionsApi | None = None
         self._lease: ProtectionLease | None = None
         self._in_hand: set[Delivery] = set()
+        self._tokens_in_hand: set[str] = set()
+        self._receiver: Receiver | None = None
+        self._background: set[asyncio.Task[None]] = set()
+        self._beats_failed = 0
+        self._beat_logged_at: float | None = None
+        # Made now, so that a configuration AWS refuses (no region, a bad endpoint) is found
+        # before anything runs, by `check` too.
+        self._ensure_clients()
         self._changed = asyncio.Event()
         self._stop_requested = asyncio.Event()
         self._stopping = False
-        self._receiving_ok = False
+        self._connected = False
         self._closed = False
 
     # ------------------------------------------------------------------ what the engine reads
@@ -166,7 +175,8 @@ class SqsSfnTransport:
     @property
     def consuming(self) -> bool:
         """Whether the poll loop runs and its last receive went through (readiness)."""
-        return self._sqs is not None and not self._stopping and self._receiving_ok
+        receiving_ok = self._receiver is None or self._receiver.ok
+        return self._connected and not self._stopping and receiving_ok
 
     @property
     def publishing_blocked(self) -> bool:
@@ -197,7 +207,7 @@ class SqsSfnTransport:
 
     def _ensure_clients(self) -> tuple[SqsApi, StepFunctionsApi, ProtectionLease]:
         if self._sqs is None or self._sfn is None or self._lease is None:
-            sqs, sfn = make_clients(*self._clients)
+            sqs, sfn = make_clients(*self._clients, queue_url=self._queue_url)
             self._sqs, self._sfn = SqsApi(sqs, self._queue_url), StepFunctionsApi(sfn)
             protection = self._protection if self._protection is not None else TaskProtection()
             self._lease = ProtectionLease(protection, self._protection_minutes, self._call)
@@ -225,12 +235,14 @@ class SqsSfnTransport:
                     raise BrokerUnavailableError(
                         f"SQS could not be reached within {self._connect_timeout_s:g} s ({exc})"
                     ) from exc
-                _logger.warning("SQS could not be reached (%s); trying again in %g s", exc, delay_s)
+                _logger.warning(
+                    "%s (SQS_QUEUE_URL %s); trying again in %g s", exc, self._queue_url, delay_s
+                )
                 await asyncio.sleep(delay_s)
                 delay_s = min(delay_s * 2, CONNECT_BACKOFF_MAX_S)
                 continue
             break
-        self._receiving_ok = True
+        self._connected = True
         _logger.info("Polling %s (Step Functions task tokens)", self._queue_url)
 
     async def stop_consuming(self) -> None:
@@ -248,71 +260,77 @@ class SqsSfnTransport:
         self._changed.set()
         for delivery in list(self._in_hand):
             self._stop_heartbeats(delivery.handle)
+        # A poll still in flight ends within SQS_WAIT_TIME_S: its messages go back to the
+        # queue, and what a stop left mid-pickup goes back to Step Functions, before the pool.
+        if self._receiver is not None:
+            await self._receiver.finish(self._wait_s + 1.0)
+        if self._background:
+            await asyncio.wait(set(self._background), timeout=self._wait_s + 1.0)
         if self._lease is not None:
             await self._lease.close()  # its last call still goes through the pool
         self._closed = True
-        # A long poll still in flight ends on its own (within SQS_WAIT_TIME_S); its messages
-        # are handed back, never deleted.
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._pool.shutdown()
 
     # ------------------------------------------------------------------ deliveries
 
     async def deliveries(self) -> AsyncIterator[Delivery]:
-        """Receive messages while a slot is free, and hand each out once picked up."""
+        """Receive messages while a slot is free, and hand each out once picked up.
+
+        A stop never strands a message: one mid-pickup is picked up to the end and handed back
+        to Step Functions (``TASK_GIVEN_BACK``), the rest of its batch back to the queue.
+
+        Raises:
+            QueueRefusedError: SQS refuses the queue, or deletes from it, for good: every
+                message would run again, so the worker stops (exit 1).
+        """
         sqs, _, _ = self._ensure_clients()
+        receiver = self._receiver_for(sqs)
         while not self._stopping:
             free = self._prefetch - len(self._in_hand)
             if free <= 0:
                 self._changed.clear()
                 await self._changed.wait()
                 continue
-            for message in await self._receive(sqs, free):
-                if self.stopping:  # asked during the poll: nothing more is taken
-                    await self._hand_back(sqs, message)
-                    continue
-                yield await self.pick_up(message)
+            batch = list(await receiver.receive(free))
+            try:
+                while batch:
+                    if self.stopping:  # asked during the poll: nothing more is taken
+                        break
+                    message = batch.pop(0)
+                    picking = asyncio.ensure_future(self.pick_up(message))
+                    try:
+                        delivery = await asyncio.shield(picking)
+                    except asyncio.CancelledError:
+                        self._keep(self._give_back_picked(picking))
+                        raise
+                    if delivery is not None:
+                        yield delivery
+            finally:
+                if batch:  # a stop, or the consumer went away, with messages not picked up
+                    self._keep(receiver.hand_back(batch))
 
-    async def _receive(self, sqs: SqsApi, free: int) -> list[Mapping[str, Any]]:
-        receiving = asyncio.get_running_loop().run_in_executor(
-            self._pool, functools.partial(sqs.receive, free, self._wait_s)
-        )
-        try:
-            messages = await asyncio.shield(receiving)
-        except asyncio.CancelledError:
-            # The poll cannot be stopped half-way: what it brings is handed back, not lost.
-            receiving.add_done_callback(functools.partial(self._hand_back_later, sqs))
-            raise
-        except TransportError as exc:
-            if self._receiving_ok:
-                _logger.warning("%s; trying again", exc)
-            self._receiving_ok = False
-            with contextlib.suppress(TimeoutError):  # a stop cuts the wait short
-                await asyncio.wait_for(self._stop_requested.wait(), RECEIVE_BACKOFF_S)
-            return []
-        self._receiving_ok = True
-        if not messages and self._wait_s == 0:
-            # No long poll: an empty queue would be asked again at once, without end.
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stop_requested.wait(), RECEIVE_BACKOFF_S)
-        return messages
+    def _receiver_for(self, sqs: SqsApi) -> Receiver:
+        if self._receiver is None:
+            self._receiver = Receiver(sqs, self._pool, self._wait_s, self._stop_requested)
+        return self._receiver
 
-    def _hand_back_later(self, sqs: SqsApi, receiving: asyncio.Future[list[Any]]) -> None:
-        if receiving.cancelled() or receiving.exception() is not None:
-            return
-        for message in receiving.result():
-            with contextlib.suppress(RuntimeError):  # the pool is shut down: SQS brings it back
-                self._pool.submit(self._hand_back_now, sqs, message)
+    def _keep(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run ``work`` to its end in the background; :meth:`close` waits for it."""
+        task = asyncio.ensure_future(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
-    @staticmethod
-    def _hand_back_now(sqs: SqsApi, message: Mapping[str, Any]) -> None:
-        with contextlib.suppress(SettleError):
-            sqs.make_visible(str(message.get("ReceiptHandle", "")))
+    async def _give_back_picked(self, picking: asyncio.Future[Delivery | None]) -> None:
+        # The consumer was stopped mid-pickup: the message may be deleted already, so its
+        # token goes back to Step Functions rather than nowhere.
+        with contextlib.suppress(Exception):
+            delivery = await picking
+            if delivery is not None:
+                with contextlib.suppress(SettleError):
+                    await self.requeue(delivery, count_attempt=False)
+                await self.release(delivery)
 
-    async def _hand_back(self, sqs: SqsApi, message: Mapping[str, Any]) -> None:
-        with contextlib.suppress(SettleError):
-            await self._call(functools.partial(sqs.make_visible, str(message["ReceiptHandle"])))
-
-    async def pick_up(self, message: Mapping[str, Any]) -> Delivery:
+    async def pick_up(self, message: Mapping[str, Any]) -> Delivery | None:
         """Protect, delete and read one received SQS message (seed 000: protect, delete, run).
 
         Args:
@@ -320,16 +338,17 @@ class SqsSfnTransport:
                 ``Body``).
 
         Returns:
-            The delivery, in hand until :meth:`release`; its heartbeats have started.
+            The delivery, in hand until :meth:`release`, its heartbeats started; ``None`` for
+            a message whose task this worker has in hand already (SQS brought it back because
+            its delete had failed): it is deleted again, not run twice.
+
+        Raises:
+            QueueRefusedError: SQS refuses deletes for good (the message is handed back).
         """
         sqs, _, lease = self._ensure_clients()
-        await lease.acquire()
-        try:
-            await self._call(functools.partial(sqs.delete, str(message.get("ReceiptHandle", ""))))
-        except SettleError as exc:
-            _logger.warning("Could not delete the message (%s); it may be delivered again", exc)
         body = str(message.get("Body", "")).encode("utf-8", "surrogatepass")
         message_id = str(message.get("MessageId", ""))
+        receipt = str(message.get("ReceiptHandle", ""))
         read = read_body(
             body,
             message_id=message_id,
@@ -337,12 +356,42 @@ class SqsSfnTransport:
             keep_token=self._keep_token,
             max_body_bytes=self._max_body_bytes,
         )
-        handle = _Handle(message_id, read)
+        if read.token is not None and read.token in self._tokens_in_hand:
+            _logger.warning(
+                "SQS brought back a message whose task is in hand (its delete had failed); "
+                "deleting it again, not running it twice",
+                extra={"task_id": message_id},
+            )
+            await self._delete(sqs, receipt, message_id)
+            return None
+        await lease.acquire()
+        try:
+            deleted = await self._delete(sqs, receipt, message_id)
+        except QueueRefusedError:
+            await lease.release()
+            with contextlib.suppress(SettleError):
+                await self._call(functools.partial(sqs.make_visible, receipt))
+            raise
+        handle = _Handle(message_id, read, receipt=receipt, deleted=deleted)
         delivery = Delivery(body=body, delivery_count=0, redelivered=False, handle=handle)
         self._in_hand.add(delivery)
         if read.token is not None:
+            self._tokens_in_hand.add(read.token)
             handle.heartbeats = asyncio.ensure_future(self._beat_every(delivery, read.token))
         return delivery
+
+    async def _delete(self, sqs: SqsApi, receipt: str, message_id: str) -> bool:
+        """Delete a message; ``False`` (logged) when it did not go through for now."""
+        try:
+            await self._call(functools.partial(sqs.delete, receipt))
+        except SettleError as exc:
+            _logger.warning(
+                "Could not delete the message (%s); trying again with each heartbeat",
+                exc,
+                extra={"task_id": message_id},
+            )
+            return False
+        return True
 
     def envelope(self, delivery: Delivery, *, max_body_bytes: int) -> Envelope:
         """The envelope read at pickup (``codec.read_body``, with the transport's own limit).
@@ -359,9 +408,13 @@ class SqsSfnTransport:
     # ------------------------------------------------------------------ heartbeats
 
     async def _beat_every(self, delivery: Delivery, token: str) -> None:
-        _, sfn, _ = self._ensure_clients()
+        sqs, sfn, _ = self._ensure_clients()
+        handle = _handle(delivery)
         while True:
             await asyncio.sleep(self._heartbeat_s)
+            if not handle.deleted:  # SQS would bring it back: keep trying, beside the beats
+                with contextlib.suppress(QueueRefusedError):
+                    handle.deleted = await self._delete(sqs, handle.receipt, handle.message_id)
             try:
                 await self._call(functools.partial(sfn.heartbeat, token))
             except StaleTokenError as exc:
@@ -369,15 +422,28 @@ class SqsSfnTransport:
                 return
             except PublishError as exc:
                 # Throttling, a 5xx, the network: the next beat may go through; never a kill.
-                _logger.warning("A heartbeat did not go through (%s)", exc, extra=_fields(delivery))
+                self._heartbeat_failed(exc, delivery)
+
+    def _heartbeat_failed(self, exc: PublishError, delivery: Delivery) -> None:
+        self._beats_failed += 1
+        now = asyncio.get_running_loop().time()
+        if self._beat_logged_at is None or now - self._beat_logged_at >= FAILURE_LOG_EVERY_S:
+            # An outage fails every task's beats: one line a minute, not one a beat.
+            self._beat_logged_at = now
+            _logger.warning(
+                "A heartbeat did not go through (%s; %d failed so far)",
+                exc,
+                self._beats_failed,
+                extra=_fields(delivery),
+            )
 
     def _withdraw(self, delivery: Delivery, exc: StaleTokenError, *, from_heartbeats: bool) -> None:
         if delivery.cancel_token.cancelled:
             return
         _logger.log(
             self._stale_level,
-            "The task token went stale (%s): the delivery is withdrawn, its handler stopped "
-            "(its process group killed) and nothing more is sent for it",
+            "The task token went stale (%s): the delivery is withdrawn, its handler (if it "
+            "runs) is stopped, and nothing more is sent for it",
             exc.aws_code,
             extra=_fields(delivery),
         )
@@ -459,6 +525,11 @@ class SqsSfnTransport:
         handle.released = True
         self._stop_heartbeats(handle)
         self._in_hand.discard(delivery)
+        if handle.read.token is not None:
+            self._tokens_in_hand.discard(handle.read.token)
+        if not handle.deleted and self._sqs is not None and not self._closed:
+            with contextlib.suppress(QueueRefusedError):
+                handle.deleted = await self._delete(self._sqs, handle.receipt, handle.message_id)
         self._changed.set()
         if self._lease is not None:
             try:

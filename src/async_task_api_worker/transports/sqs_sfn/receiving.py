@@ -1,0 +1,141 @@
+"""The receive side of the SQS + Step Functions transport: long polls, and hand-backs.
+
+A message received is not yet the worker's: until it is deleted (at pickup, under protection)
+it comes back to the queue by itself once its visibility timeout runs out. What a stop leaves
+over (a batch not picked up, a poll that answers after the stop) is handed back at once, its
+visibility set to 0, so that another worker takes it without waiting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import functools
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any, Final
+
+from async_task_api_worker.errors import SettleError, TransportError
+from async_task_api_worker.transports.sqs_sfn._aws import QueueRefusedError, SqsApi
+
+__all__ = ["RECEIVE_BACKOFF_S", "Receiver"]
+
+_logger = logging.getLogger("async_task_api_worker.transports.sqs_sfn")
+
+#: The wait after a failed receive (or an empty one without a long poll), in seconds.
+RECEIVE_BACKOFF_S: Final = 1.0
+#: While receives keep failing, one line per this many seconds.
+FAILURE_LOG_EVERY_S: Final = 60.0
+
+Message = Mapping[str, Any]
+
+
+class Receiver:
+    """Long polls for one queue.
+
+    Args:
+        sqs: the queue's API.
+        pool: where the blocking calls run.
+        wait_s: the long poll, in seconds.
+        stopped: set when the transport stops; it cuts every wait short.
+    """
+
+    def __init__(
+        self,
+        sqs: SqsApi,
+        pool: concurrent.futures.Executor,
+        wait_s: int,
+        stopped: asyncio.Event,
+    ) -> None:
+        self._sqs = sqs
+        self._pool = pool
+        self._wait_s = wait_s
+        self._stopped = stopped
+        self.ok = True
+        """Whether the last receive went through (readiness)."""
+        self._failures = 0
+        self._logged_at: float | None = None
+        self._in_flight: asyncio.Future[list[Message]] | None = None
+        self._handing_back: list[concurrent.futures.Future[Any]] = []
+
+    async def receive(self, free: int) -> list[Message]:
+        """Up to ``free`` messages (at most 10); none after a failure, once its backoff is over.
+
+        Raises:
+            QueueRefusedError: SQS refuses the queue for good (deleted, rights lost).
+        """
+        loop = asyncio.get_running_loop()
+        receiving = loop.run_in_executor(
+            self._pool, functools.partial(self._sqs.receive, free, self._wait_s)
+        )
+        self._in_flight = receiving
+        try:
+            messages = await asyncio.shield(receiving)
+        except asyncio.CancelledError:
+            # The poll cannot be stopped half-way: what it brings is handed back, not lost.
+            receiving.add_done_callback(self._hand_back_when_done)
+            raise
+        except QueueRefusedError:
+            raise
+        except TransportError as exc:
+            self._failed(exc, loop.time())
+            await self._pause()
+            return []
+        finally:
+            if receiving.done():
+                self._in_flight = None
+        if not self.ok:
+            _logger.info("Receiving from SQS works again (after %d failures)", self._failures)
+        self.ok, self._failures, self._logged_at = True, 0, None
+        if not messages and self._wait_s == 0:
+            await self._pause()  # no long poll: an empty queue would be asked again at once
+        return messages
+
+    def _failed(self, exc: TransportError, now: float) -> None:
+        self.ok = False
+        self._failures += 1
+        if self._logged_at is None or now - self._logged_at >= FAILURE_LOG_EVERY_S:
+            self._logged_at = now
+            _logger.warning(
+                "%s; trying again every %g s (%d so far)", exc, RECEIVE_BACKOFF_S, self._failures
+            )
+
+    async def _pause(self) -> None:
+        with contextlib.suppress(TimeoutError):  # a stop cuts the wait short
+            await asyncio.wait_for(self._stopped.wait(), RECEIVE_BACKOFF_S)
+
+    async def hand_back(self, messages: Sequence[Message]) -> None:
+        """Make ``messages`` visible again at once (best effort: they come back anyway)."""
+        for message in messages:
+            with contextlib.suppress(SettleError, RuntimeError):
+                await asyncio.get_running_loop().run_in_executor(
+                    self._pool,
+                    functools.partial(
+                        self._sqs.make_visible, str(message.get("ReceiptHandle", ""))
+                    ),
+                )
+
+    def _hand_back_when_done(self, receiving: asyncio.Future[list[Message]]) -> None:
+        if receiving.cancelled() or receiving.exception() is not None:
+            return
+        for message in receiving.result():
+            with contextlib.suppress(RuntimeError):  # the pool is gone: SQS brings it back
+                self._handing_back.append(self._pool.submit(self._hand_back_now, message))
+
+    def _hand_back_now(self, message: Message) -> None:
+        with contextlib.suppress(SettleError):
+            self._sqs.make_visible(str(message.get("ReceiptHandle", "")))
+
+    async def finish(self, timeout_s: float) -> None:
+        """Wait up to ``timeout_s`` for a poll in flight, so that its messages go back now."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        receiving = self._in_flight
+        if receiving is not None and not receiving.done():
+            with contextlib.suppress(TimeoutError, Exception):
+                await asyncio.wait_for(asyncio.shield(receiving), timeout_s)
+            await asyncio.sleep(0)  # its done callback queues the hand-backs
+        pending = [asyncio.wrap_future(future) for future in self._handing_back]
+        if pending:
+            await asyncio.wait(pending, timeout=max(0.0, deadline - loop.time()))
