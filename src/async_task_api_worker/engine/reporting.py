@@ -213,7 +213,7 @@ class DeliveryReporter:
                     # A hold may last the consumer timeout: one line a minute, not one a try.
                     logged_at = now
                     _logger.warning(
-                        "The %s report was not taken by the broker (%s)%s",
+                        "The %s report was not confirmed by the broker (%s)%s",
                         report.type,
                         exception_type_name(exc.__cause__ or exc),
                         ""
