@@ -21,6 +21,7 @@ __all__ = [
     "STOP_CONSUMING_MIN_S",
     "STUCK_CHECK_S",
     "StartupHookError",
+    "close_timeout_s",
     "drain_grace_s",
     "run_shutdown_hooks",
     "run_startup_hooks",
@@ -59,6 +60,16 @@ def drain_grace_s(
     return grace_s
 
 
+def close_timeout_s(settings: WorkerSettings) -> float:
+    """The time the transport gets to close, in seconds: :data:`CLOSE_TIMEOUT_S`.
+
+    On SQS, plus ``SQS_WAIT_TIME_S``: a long poll in flight ends on its own, and what it brings
+    goes back to the queue at once rather than after its visibility timeout.
+    """
+    poll_s = settings.sqs_wait_time_s if settings.worker_transport == "sqs-sfn" else 0
+    return CLOSE_TIMEOUT_S + poll_s
+
+
 def shutdown_bound_s(settings: WorkerSettings, *, grace_s: float | None = None) -> float:
     """The longest a shutdown takes from the signal to the process exit, in seconds.
 
@@ -69,14 +80,12 @@ def shutdown_bound_s(settings: WorkerSettings, *, grace_s: float | None = None) 
     ``terminationGracePeriodSeconds`` (an ECS container's ``stopTimeout``) must be at least this.
     """
     grace = settings.worker_shutdown_grace_s if grace_s is None else grace_s
-    poll_s = settings.sqs_wait_time_s if settings.worker_transport == "sqs-sfn" else 0
     return (
         max(grace, STOP_CONSUMING_MIN_S)
         + GIVE_BACK_TIMEOUT_S
-        + CLOSE_TIMEOUT_S
+        + close_timeout_s(settings)
         + settings.worker_shutdown_hooks_timeout_s
         + STUCK_CHECK_S
-        + poll_s
     )
 
 

@@ -25,10 +25,10 @@ from async_task_api_worker.observability.redaction import exception_type_name
 from async_task_api_worker.ports import Delivery, Executor, Observer, Transport
 from async_task_api_worker.runtime.exit_codes import ExitCode
 from async_task_api_worker.runtime.hooks import (
-    CLOSE_TIMEOUT_S,
     GIVE_BACK_TIMEOUT_S,
     STOP_CONSUMING_MIN_S,
     StartupHookError,
+    close_timeout_s,
     drain_grace_s,
     run_shutdown_hooks,
     run_startup_hooks,
@@ -369,4 +369,4 @@ class Runner:
 
     async def _close(self) -> None:
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(self._transport.close(), timeout=CLOSE_TIMEOUT_S)
+            await asyncio.wait_for(self._transport.close(), timeout=close_timeout_s(self._settings))

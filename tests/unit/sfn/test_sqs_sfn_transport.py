@@ -610,11 +610,22 @@ async def test_a_stop_during_pickup_hands_the_task_back_to_step_functions() -> N
         original(**arguments)
 
     aws.delete_message = slow_delete  # type: ignore[method-assign]
+    handed_back = asyncio.Event()
+    failing = aws.send_task_failure
+
+    def recorded_failure(**arguments: Any) -> None:
+        failing(**arguments)
+        loop.call_soon_threadsafe(handed_back.set)
+
+    aws.send_task_failure = recorded_failure  # type: ignore[method-assign]
     consumer = asyncio.ensure_future(take(transport, 2))
     await asyncio.wait_for(deleting.wait(), 5)
     consumer.cancel()  # the runner's drain cancels its consumer mid-pickup
     with pytest.raises(asyncio.CancelledError):
         await consumer
+    # The token goes back at once, while the delete still hangs: a slow delete cannot
+    # outlast the close and take the give-back with it.
+    await asyncio.wait_for(handed_back.wait(), 5)
     release_delete.set()
     await transport.close()  # waits for what the stop left behind
     assert [(token, error) for token, error, _ in aws.sent("failure")] == [("a", GIVEN_BACK_ERROR)]

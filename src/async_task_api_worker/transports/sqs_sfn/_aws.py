@@ -140,7 +140,7 @@ def make_clients(
             stepfunctions = boto3.client("stepfunctions", **options)
     except NoRegionError as exc:
         raise BrokerRefusedError(
-            "no AWS region (AWS_DEFAULT_REGION, AWS_REGION or a profile)"
+            "no AWS region (AWS_DEFAULT_REGION, a profile, or a queue URL that names one)"
         ) from exc
     except ValueError as exc:  # botocore: "Invalid endpoint: ..."
         raise BrokerRefusedError("AWS_ENDPOINT_URL is not a valid endpoint URL") from exc

@@ -52,7 +52,6 @@ from async_task_api_worker.transports.sqs_sfn._aws import (
     make_clients,
 )
 from async_task_api_worker.transports.sqs_sfn.codec import (
-    MAX_CAUSE_CHARS,
     ReadBody,
     failure_of,
     output_of,
@@ -262,10 +261,11 @@ class SqsSfnTransport:
             self._stop_heartbeats(delivery.handle)
         # A poll still in flight ends within SQS_WAIT_TIME_S: its messages go back to the
         # queue, and what a stop left mid-pickup goes back to Step Functions, before the pool.
-        if self._receiver is not None:
-            await self._receiver.finish(self._wait_s + 1.0)
+        # Within what the runner gives a close (runtime.hooks.close_timeout_s).
         if self._background:
-            await asyncio.wait(set(self._background), timeout=self._wait_s + 1.0)
+            await asyncio.wait(set(self._background), timeout=2.0)
+        if self._receiver is not None:
+            await self._receiver.finish(self._wait_s + 0.5)
         if self._lease is not None:
             await self._lease.close()  # its last call still goes through the pool
         self._closed = True
@@ -301,7 +301,7 @@ class SqsSfnTransport:
                     try:
                         delivery = await asyncio.shield(picking)
                     except asyncio.CancelledError:
-                        self._keep(self._give_back_picked(picking))
+                        self._keep(self._give_back_picked(message, picking))
                         raise
                     if delivery is not None:
                         yield delivery
@@ -320,14 +320,25 @@ class SqsSfnTransport:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    async def _give_back_picked(self, picking: asyncio.Future[Delivery | None]) -> None:
-        # The consumer was stopped mid-pickup: the message may be deleted already, so its
-        # token goes back to Step Functions rather than nowhere.
+    async def _give_back_picked(
+        self, message: Mapping[str, Any], picking: asyncio.Future[Delivery | None]
+    ) -> None:
+        # The consumer was stopped mid-pickup: the message may be deleted already (or soon:
+        # the delete cannot be stopped), so its token goes back to Step Functions at once,
+        # without waiting for the delete. A copy SQS brings back carries a stale token then.
+        token = read_body(
+            str(message.get("Body", "")).encode("utf-8", "surrogatepass"),
+            message_id=str(message.get("MessageId", "")),
+            service=self._service,
+            keep_token=self._keep_token,
+            max_body_bytes=self._max_body_bytes,
+        ).token
+        if token is not None:
+            with contextlib.suppress(SettleError):
+                await self._hand_back_token(token)
         with contextlib.suppress(Exception):
             delivery = await picking
             if delivery is not None:
-                with contextlib.suppress(SettleError):
-                    await self.requeue(delivery, count_attempt=False)
                 await self.release(delivery)
 
     async def pick_up(self, message: Mapping[str, Any]) -> Delivery | None:
@@ -380,12 +391,18 @@ class SqsSfnTransport:
             handle.heartbeats = asyncio.ensure_future(self._beat_every(delivery, read.token))
         return delivery
 
-    async def _delete(self, sqs: SqsApi, receipt: str, message_id: str) -> bool:
-        """Delete a message; ``False`` (logged) when it did not go through for now."""
+    async def _delete(
+        self, sqs: SqsApi, receipt: str, message_id: str, *, again: bool = False
+    ) -> bool:
+        """Delete a message; ``False`` (logged) when it did not go through for now.
+
+        ``again``: a retry, logged at DEBUG (the first failure said it at WARNING).
+        """
         try:
             await self._call(functools.partial(sqs.delete, receipt))
         except SettleError as exc:
-            _logger.warning(
+            _logger.log(
+                logging.DEBUG if again else logging.WARNING,
                 "Could not delete the message (%s); trying again with each heartbeat",
                 exc,
                 extra={"task_id": message_id},
@@ -414,7 +431,9 @@ class SqsSfnTransport:
             await asyncio.sleep(self._heartbeat_s)
             if not handle.deleted:  # SQS would bring it back: keep trying, beside the beats
                 with contextlib.suppress(QueueRefusedError):
-                    handle.deleted = await self._delete(sqs, handle.receipt, handle.message_id)
+                    handle.deleted = await self._delete(
+                        sqs, handle.receipt, handle.message_id, again=True
+                    )
             try:
                 await self._call(functools.partial(sfn.heartbeat, token))
             except StaleTokenError as exc:
@@ -503,14 +522,14 @@ class SqsSfnTransport:
             SettleError: the failure could not be sent.
         """
         token = _handle(delivery).read.token
-        if token is None:
-            return
+        if token is not None:
+            await self._hand_back_token(token)
+
+    async def _hand_back_token(self, token: str) -> None:
         _, sfn, _ = self._ensure_clients()
         try:
             await self._call(
-                functools.partial(
-                    sfn.fail, token, GIVEN_BACK_ERROR, _GIVEN_BACK_CAUSE[:MAX_CAUSE_CHARS]
-                )
+                functools.partial(sfn.fail, token, GIVEN_BACK_ERROR, _GIVEN_BACK_CAUSE)
             )
         except StaleTokenError:
             return  # Step Functions has moved on already
@@ -529,7 +548,9 @@ class SqsSfnTransport:
             self._tokens_in_hand.discard(handle.read.token)
         if not handle.deleted and self._sqs is not None and not self._closed:
             with contextlib.suppress(QueueRefusedError):
-                handle.deleted = await self._delete(self._sqs, handle.receipt, handle.message_id)
+                handle.deleted = await self._delete(
+                    self._sqs, handle.receipt, handle.message_id, again=True
+                )
         self._changed.set()
         if self._lease is not None:
             try:
