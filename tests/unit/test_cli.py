@@ -233,7 +233,7 @@ def test_check_names_the_sqs_sfn_transport_and_its_bounds(
     assert "time budget" not in out  # RabbitMQ's consumer timeout does not apply
     # A task in hand cannot be given back: the grace covers the 30 s timeout plus 10 s.
     assert "shutdown bound: 62 s after SIGTERM (max(grace 40 s, 5)" in out
-    assert "+ 5 s long poll" in out
+    assert "10 s close (5 s + 5 s long poll)" in out
     assert "ECS stopTimeout: 63" in out
 
 

@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Final
 
 from async_task_api_worker.observability.redaction import exception_type_name, safe_traceback
-from async_task_api_worker.settings import WorkerSettings
+from async_task_api_worker.settings import WorkerSettings, WorkerTransport
 
 __all__ = [
     "CLOSE_TIMEOUT_S",
@@ -66,7 +66,7 @@ def close_timeout_s(settings: WorkerSettings) -> float:
     On SQS, plus ``SQS_WAIT_TIME_S``: a long poll in flight ends on its own, and what it brings
     goes back to the queue at once rather than after its visibility timeout.
     """
-    poll_s = settings.sqs_wait_time_s if settings.worker_transport == "sqs-sfn" else 0
+    poll_s = settings.sqs_wait_time_s if settings.worker_transport is WorkerTransport.SQS_SFN else 0
     return CLOSE_TIMEOUT_S + poll_s
 
 

@@ -33,7 +33,6 @@ from async_task_api_worker.sfn.levels import ExceptionLevels
 from async_task_api_worker.sfn.request import WorkerRequest
 from async_task_api_worker.sfn.subprocesses import SEED_ERROR_NAMES, SubprocessExecutor
 from async_task_api_worker.transports.sqs_sfn import (
-    ProtectionLease,
     SqsSfnTransport,
     TaskProtection,
     protection_minutes,
@@ -203,12 +202,6 @@ class Worker(Generic[RequestT]):
             )
             self._runner = Runner(self._definition, settings, transport, executor=self._executor)
         return self._runner
-
-    @property
-    def protection_lease(self) -> ProtectionLease | None:
-        """The ECS task protection held for the message in hand (once a message was seen)."""
-        transport = self.runner().transport
-        return transport.protection_lease if isinstance(transport, SqsSfnTransport) else None
 
     def run(self) -> None:
         """Poll and handle messages until SIGTERM or SIGINT (a message in hand finishes first).

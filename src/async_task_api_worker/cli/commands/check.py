@@ -12,7 +12,7 @@ import math
 from async_task_api_worker.cli.loading import load_worker
 from async_task_api_worker.runtime.entry import prepare, transport_for
 from async_task_api_worker.runtime.exit_codes import ExitCode
-from async_task_api_worker.runtime.hooks import drain_grace_s, shutdown_bound_s
+from async_task_api_worker.runtime.hooks import close_timeout_s, drain_grace_s, shutdown_bound_s
 from async_task_api_worker.runtime.loops import loop_factory
 from async_task_api_worker.settings import (
     SILENT_HEARTBEATS_TO_DEAD,
@@ -51,14 +51,14 @@ def check_command(target: str) -> int:
         _print_sqs_sfn(settings, timeout_s)
     else:
         _print_rabbitmq(settings, timeout_s)
-    poll = (
-        f" + {settings.sqs_wait_time_s} s long poll"
-        if settings.worker_transport is WorkerTransport.SQS_SFN
-        else ""
+    close_s = close_timeout_s(settings)
+    # The close's share, as runtime.hooks.close_timeout_s decides it (a long poll on SQS).
+    close = f"{close_s:g} s close" + (
+        f" (5 s + {close_s - 5:g} s long poll)" if close_s > 5 else ""
     )
     print(
         f"shutdown bound: {bound_s:g} s after SIGTERM (max(grace {grace:g} s, 5) + 5 s "
-        f"give-backs + 5 s close + {hooks:g} s shutdown hooks + 2 s{poll})"
+        f"give-backs + {close} + {hooks:g} s shutdown hooks + 2 s)"
     )
     print(f"terminationGracePeriodSeconds: {math.ceil(bound_s) + 1}")
     if settings.worker_transport is WorkerTransport.SQS_SFN:

@@ -192,11 +192,6 @@ class SqsSfnTransport:
         """Whether :meth:`stop_consuming` (or :meth:`close`) was called."""
         return self._stopping
 
-    @property
-    def protection_lease(self) -> ProtectionLease | None:
-        """The ECS task protection held for the deliveries in hand (after :meth:`connect`)."""
-        return self._lease
-
     # ------------------------------------------------------------------ life
 
     async def _call(self, function: Callable[[], T]) -> T:
