@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Awaitable
 
 from async_task_api_worker.engine.engine import Engine
 from async_task_api_worker.executors import executor_for
 from async_task_api_worker.observability.metrics import WorkerMetrics
 from async_task_api_worker.ports import Delivery
+from async_task_api_worker.protocol.envelope import Envelope, decode_envelope
 from async_task_api_worker.protocol.reports import EncodedReport
 from async_task_api_worker.settings import load_settings
 from bench.contenders import our_envelope
@@ -29,13 +31,33 @@ from bench.loops import run
 from bench.trivial_worker import worker
 
 
+async def _confirmed() -> None:
+    """A confirm that is in already."""
+
+
 class NullTransport:
-    """Confirms every report and settles every delivery at once."""
+    """Confirms every report and settles every delivery at once.
+
+    It has the port of every version since the first (``publish``, then ``send``), so that an
+    older checkout's engine can be measured with it.
+    """
 
     delivery_count_known = True
+    deletes_on_pickup = False
+
+    def envelope(self, delivery: Delivery, *, max_body_bytes: int) -> Envelope:
+        """The body, decoded as the envelope."""
+        return decode_envelope(delivery.body, max_body_bytes=max_body_bytes)
+
+    async def release(self, delivery: Delivery) -> None:
+        """Nothing is held."""
 
     async def publish(self, delivery: Delivery, report: EncodedReport) -> None:
         """Drop the report."""
+
+    async def send(self, delivery: Delivery, report: EncodedReport) -> Awaitable[None]:
+        """Drop the report; its confirm is in at once."""
+        return _confirmed()
 
     async def ack(self, delivery: Delivery) -> None:
         """Nothing to settle."""

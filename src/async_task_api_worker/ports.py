@@ -252,10 +252,17 @@ class Transport(Protocol):
         """Stop receiving new deliveries; in-flight ones can still be reported and settled."""
         ...
 
-    async def publish(self, delivery: Delivery, report: EncodedReport) -> None:
-        """Publish a report about ``delivery`` and wait for the broker's confirm.
+    async def send(self, delivery: Delivery, report: EncodedReport) -> Awaitable[None]:
+        """Put a report about ``delivery`` on its way; awaiting the result waits for its confirm.
 
-        Raises:
+        Reports reach the broker in the order of the calls: the call returns once the report
+        holds its place (no report sent after it can overtake it), so that a delivery's next
+        report can go out before this one is confirmed. Await the result once; a transport
+        that cannot overlap its calls (Step Functions) returns one that is already done.
+
+        Raises (from the call, or from awaiting its result):
+            ReportRefusedError: refused for what it holds (its size, its content); sending it
+                again cannot help.
             PublishError: the broker refused it or did not confirm it.
         """
         ...
@@ -293,6 +300,10 @@ class Transport(Protocol):
     async def close(self) -> None:
         """Close the connection; idempotent."""
         ...
+
+
+async def already_confirmed() -> None:
+    """The confirm :meth:`Transport.send` returns when its call waited for the confirm itself."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,7 +35,7 @@ from async_task_api_worker.engine.admission import (
 )
 from async_task_api_worker.engine.execution import Stopped, StopSignal, execute
 from async_task_api_worker.engine.progress import ProgressThrottle
-from async_task_api_worker.engine.reporting import DeliveryReporter, GiveUp, until
+from async_task_api_worker.engine.reporting import DeliveryReporter, GiveUp
 from async_task_api_worker.engine.settlement import (
     Settler,
     Verdict,
@@ -43,6 +43,7 @@ from async_task_api_worker.engine.settlement import (
     report_conclusion,
     report_refusal,
 )
+from async_task_api_worker.engine.waits import until
 from async_task_api_worker.observability.redaction import exception_type_name, safe_traceback
 from async_task_api_worker.ports import (
     Action,
@@ -294,12 +295,23 @@ class Engine:
         admission = self.admit(run)
         if isinstance(admission, Refused):
             return await report_refusal(run, admission)
-        if self._handed_out is not None and self._handed_out(admission.fields.task_id):
-            return Verdict(Outcome.DETACHED, Action.ACK, reason="already_handed_out")
-        if not await run.publish_started():
-            return give_back_unreported(run)
+        if self._handed_out is not None:
+            if self._handed_out(admission.fields.task_id):
+                return Verdict(Outcome.DETACHED, Action.ACK, reason="already_handed_out")
+            # A hand-off outlives the delivery, so it may start only once ``started`` is in.
+            if not await run.publish_started():
+                return give_back_unreported(run)
+        else:
+            # Confirmed while the handler runs: one confirm round trip per task, not two.
+            run.begin_started()
         self._notify(TaskStarted(admission.fields.task_id))
-        return replace(await self._run_task(run, admission, stop), handler_ran=True)
+        try:
+            verdict = await self._run_task(run, admission, stop)
+        finally:
+            run.end_started()  # no terminal report took it over: it is not waited for
+        if run.started_error is not None:
+            raise run.started_error  # refused for its content: the engine's error, not the task's
+        return replace(verdict, handler_ran=True)
 
     async def _run_task(self, run: DeliveryReporter, task: Admitted, stop: StopSignal) -> Verdict:
         throttle = ProgressThrottle(
@@ -324,6 +336,7 @@ class Engine:
                 task_fields=task.fields.log_fields,
                 stop=stop,
                 delivery_cancel=run.delivery.cancel_token,
+                report_gave_up=run.started_gave_up,
             )
         except BaseException:
             # Cancelled from outside: the delivery is given back, so nothing may follow for it;
@@ -336,6 +349,8 @@ class Engine:
         if isinstance(result, Stopped):
             if result.outcome is Outcome.CANCELLED:
                 return Verdict(Outcome.CANCELLED, Action.NONE)
+            if result.outcome is Outcome.PUBLISH_FAILED:
+                return give_back_unreported(run)  # ``started`` could not get out
             return Verdict(
                 Outcome.SHUTDOWN_REQUEUED, Action.NACK_REQUEUE, reason=GiveUp.ABORTED.value
             )

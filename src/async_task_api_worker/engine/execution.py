@@ -31,7 +31,10 @@ class StopSignal:
 
 @dataclass(frozen=True, slots=True)
 class Stopped:
-    """The handler was stopped from outside: ``shutdown_requeued`` or ``cancelled``."""
+    """How the handler was stopped from outside.
+
+    ``shutdown_requeued``, ``cancelled``, or ``publish_failed`` (``started`` could not get out).
+    """
 
     outcome: Outcome
 
@@ -43,11 +46,13 @@ async def execute(
     task_fields: Mapping[str, Any],
     stop: StopSignal,
     delivery_cancel: CancelToken,
+    report_gave_up: CancelToken | None = None,
 ) -> ExecutionResult | Stopped:
     """Run ``request`` through ``executor`` and say how it ended.
 
-    The call runs as its own task, so that a shutdown abort or a delivery cancel stops the
-    handler alone; a cancel of the caller's own task still propagates.
+    The call runs as its own task, so that a shutdown abort, a delivery cancel or a report
+    that gave up (``report_gave_up``: ``started`` could not get out) stops the handler alone;
+    a cancel of the caller's own task still propagates.
 
     Raises:
         asyncio.CancelledError: the calling task itself was cancelled.
@@ -70,6 +75,11 @@ async def execute(
 
     remove_abort = stop.aborted.add_callback(stopper(Outcome.SHUTDOWN_REQUEUED))
     remove_cancel = delivery_cancel.add_callback(stopper(Outcome.CANCELLED))
+    remove_gave_up = (
+        report_gave_up.add_callback(stopper(Outcome.PUBLISH_FAILED))
+        if report_gave_up is not None
+        else None
+    )
     try:
         return await execution
     except asyncio.CancelledError:
@@ -80,5 +90,7 @@ async def execute(
     finally:
         remove_abort()
         remove_cancel()
+        if remove_gave_up is not None:
+            remove_gave_up()
         if not execution.done():
             execution.cancel()

@@ -1,16 +1,24 @@
-"""Publishing one delivery's reports, in order, each awaited until the broker confirms it."""
+"""Publishing one delivery's reports, in order, each held until the broker confirms it.
+
+``started`` is confirmed while the handler runs: it goes out in the background
+(:meth:`DeliveryReporter.begin_started`), and the terminal report follows it on the wire without
+waiting for its confirm, so a task costs one confirm round trip, not two. The order on the wire
+never changes: a report is sent only once ``started`` is confirmed or on its way ahead of it,
+and a terminal report whose ``started`` was lost with it sends ``started`` again first.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from datetime import datetime
-from enum import StrEnum
+from enum import Enum, StrEnum
 from typing import Any, Final
 
 from async_task_api_worker.context import ProgressDropReason, ProgressUpdate, task_log_extra
+from async_task_api_worker.engine.waits import until
 from async_task_api_worker.errors import PublishError, ReportEncodeError, ReportRefusedError
 from async_task_api_worker.observability.redaction import exception_type_name
 from async_task_api_worker.ports import (
@@ -22,9 +30,11 @@ from async_task_api_worker.ports import (
     ReportPublished,
     Transport,
 )
+from async_task_api_worker.protocol.codes import ReportType
 from async_task_api_worker.protocol.encoding import MAX_REPORT_BYTES
 from async_task_api_worker.protocol.reports import (
     MAX_ERROR_MESSAGE_CHARS,
+    EncodedReport,
     FailureReport,
     ProgressReport,
     ReportError,
@@ -40,7 +50,6 @@ __all__ = [
     "PUBLISH_RETRY_MAX_S",
     "DeliveryReporter",
     "GiveUp",
-    "until",
 ]
 
 #: The first wait before publishing an unconfirmed report again, in seconds; it doubles.
@@ -66,6 +75,12 @@ class GiveUp(StrEnum):
     WITHDRAWN = "delivery_withdrawn"
     #: The grace period of a shutdown ran out while the report was held.
     ABORTED = "grace_period_over"
+
+
+class _Started(Enum):
+    """Where the ``started`` of ``begin_started`` is (``LOST``: refused behind a terminal)."""
+
+    UNSENT, SENT, CONFIRMED, LOST = range(4)
 
 
 @dataclass(slots=True)
@@ -100,6 +115,16 @@ class DeliveryReporter:
     client_id: str | None = None
     seq: int = 0
     gave_up: GiveUp | None = None
+    #: Cancelled when the ``started`` of :meth:`begin_started` gives up before a terminal
+    #: report went out behind it: the engine stops the handler and gives the delivery back.
+    started_gave_up: CancelToken = field(default_factory=CancelToken)
+    #: Why the broker refused that ``started`` for its content, if it did (an engine error).
+    started_error: ReportEncodeError | None = None
+    _started: asyncio.Task[bool] | None = field(default=None, repr=False)
+    _started_report: EncodedReport | None = field(default=None, repr=False)
+    _started_state: _Started = field(default=_Started.UNSENT, repr=False)
+    _started_moved: asyncio.Future[None] | None = field(default=None, repr=False)
+    _taken_over: bool = field(default=False, repr=False)
 
     def _fields(self) -> dict[str, Any]:
         return {
@@ -111,9 +136,35 @@ class DeliveryReporter:
             "timestamp": format_timestamp(self.wall_clock()),
         }
 
+    def _encode(
+        self, report: StartedReport | ProgressReport | SuccessReport | FailureReport
+    ) -> EncodedReport:
+        # The sequence number is taken here, in the order the engine asks for reports: that
+        # is their order on the wire too (see the module).
+        encoded = encode_report(report, seq=self.seq, max_bytes=self.max_report_bytes)
+        self.seq += 1
+        return encoded
+
     async def publish_started(self) -> bool:
-        """Publish ``started``."""
-        return await self._publish(StartedReport.model_construct(**self._fields()))
+        """Publish ``started`` and wait for its confirm (for a face whose next step needs it)."""
+        return await self._deliver(self._encode(StartedReport.model_construct(**self._fields())))
+
+    def begin_started(self) -> None:
+        """Publish ``started`` in the background, held as any report but ``progress`` is.
+
+        Later reports of the delivery wait until it is confirmed (``progress``) or on the wire
+        ahead of them (the terminal report, which then carries it: see the module). If it gives
+        up first, :attr:`started_gave_up` is cancelled, and a report that waits for it is not
+        sent (:attr:`gave_up` says why). Call on the event loop.
+        """
+        encoded = self._encode(StartedReport.model_construct(**self._fields()))
+        self._started_report = encoded
+        self._started = asyncio.ensure_future(self._hold_started(encoded))
+
+    def end_started(self) -> None:
+        """Stop holding ``started``: the delivery is settled without a terminal report."""
+        if self._started is not None and not self._started.done():
+            self._started.cancel()
 
     async def publish_success(self, response: dict[str, Any]) -> bool:
         """Publish ``success``.
@@ -123,15 +174,15 @@ class DeliveryReporter:
                 ``max_report_bytes`` or than the broker accepts (``too_large`` is then true), or
                 the broker refused it for its content (``ReportRefusedError``).
         """
-        return await self._publish(
-            SuccessReport.model_construct(**self._fields(), response=response)
-        )
+        report = SuccessReport.model_construct(**self._fields(), response=response)
+        return await self._deliver(self._encode(report))
 
     async def publish_failure(self, code: str, message: str) -> bool:
         """Publish ``failure`` with ``code`` and ``message`` (cut to 1,024 characters)."""
         error = ReportError.model_construct(code=code, message=message[:MAX_ERROR_MESSAGE_CHARS])
         try:
-            return await self._publish(FailureReport.model_construct(**self._fields(), error=error))
+            report = FailureReport.model_construct(**self._fields(), error=error)
+            return await self._deliver(self._encode(report))
         except ReportEncodeError:  # only a broker whose size limit is below a small report
             self.gave_up = GiveUp.HOLD_EXPIRED
             return False
@@ -143,13 +194,46 @@ class DeliveryReporter:
             **self._fields(), fraction=update.fraction, payload=payload
         )
         try:
-            published = await self._publish(report)
+            published = await self._deliver(self._encode(report))
         except ReportEncodeError:
             self.notify(ProgressDropped(ProgressDropReason.INVALID_PAYLOAD.value))
             return False
         if not published:
             self.notify(ProgressDropped(ProgressDropReason.PUBLISH_FAILED.value))
         return published
+
+    async def _hold_started(self, encoded: EncodedReport) -> bool:
+        try:
+            confirmed = await self._deliver(encoded)
+        except ReportEncodeError as exc:  # refused for its content: the engine's error
+            self.started_error = exc
+            self.gave_up = GiveUp.HOLD_EXPIRED
+            confirmed = False
+        if not confirmed and not self._taken_over:
+            self.started_gave_up.cancel("the started report gave up")
+        return confirmed
+
+    def _mark(self, state: _Started) -> None:
+        self._started_state = state
+        moved, self._started_moved = self._started_moved, None
+        if moved is not None and not moved.done():
+            moved.set_result(None)
+
+    async def _after_started(self, *, take_over: bool) -> bool:
+        """Wait until ``started`` is confirmed, or (``take_over``) on the wire ahead.
+
+        Returns ``False`` when it gave up: nothing may follow it.
+        """
+        started = self._started
+        if started is None:
+            return True
+        while not started.done() and not (take_over and self._started_state is _Started.SENT):
+            moved = self._started_moved = asyncio.get_running_loop().create_future()
+            await asyncio.wait({started, moved}, return_when=asyncio.FIRST_COMPLETED)
+        if not started.done():
+            self._taken_over = True
+            return True
+        return not started.cancelled() and started.result()
 
     def _stopped(self) -> GiveUp | None:
         if self.delivery.cancel_token.cancelled:
@@ -158,37 +242,85 @@ class DeliveryReporter:
             return GiveUp.ABORTED
         return None
 
-    async def _publish(
-        self, report: StartedReport | ProgressReport | SuccessReport | FailureReport
-    ) -> bool:
-        encoded = encode_report(report, seq=self.seq, max_bytes=self.max_report_bytes)
-        self.seq += 1
-        progress = report.type == "progress"
+    async def _try(self, encoded: EncodedReport, *, carries_started: bool) -> None:
+        """Send ``encoded`` (after ``started`` again, when it carries a lost one); confirm it.
+
+        A terminal report that went out behind a ``started`` still in flight also waits for
+        that confirm: confirms come in order on a channel, so it is in, or about to be.
+        """
+        if carries_started and self._started_report is not None:
+            ahead = asyncio.ensure_future(
+                await self.transport.send(self.delivery, self._started_report)
+            )
+            self._mark(_Started.SENT)
+            try:
+                confirm = await self.transport.send(self.delivery, encoded)
+            except BaseException:
+                ahead.cancel()
+                self._mark(_Started.LOST)  # so that the next try sends it again
+                raise
+            lost, refused = await asyncio.gather(ahead, confirm, return_exceptions=True)
+            self._mark(_Started.LOST if isinstance(lost, BaseException) else _Started.CONFIRMED)
+            if isinstance(refused, BaseException):
+                raise refused
+            return
+        is_started = encoded is self._started_report
+        confirm = await self.transport.send(self.delivery, encoded)
+        if is_started:
+            self._mark(_Started.SENT)
+        started = self._started if self._taken_over and not is_started else None
+        try:
+            await confirm
+        except BaseException:
+            if is_started:
+                self._mark(_Started.UNSENT)
+            raise
+        finally:
+            if started is not None and not started.done():
+                await asyncio.wait({started})
+        if is_started:
+            self._mark(_Started.CONFIRMED)
+
+    async def _deliver(self, encoded: EncodedReport) -> bool:
+        kind = encoded.type
+        terminal = kind in (ReportType.SUCCESS, ReportType.FAILURE)
+        if kind is not ReportType.STARTED and not await self._after_started(take_over=terminal):
+            return False  # ``started`` gave up (and said why): nothing may follow it
         give_up_at = self.hold_until
-        if progress:
+        if kind is ReportType.PROGRESS:
             give_up_at = min(give_up_at, self.monotonic() + PROGRESS_CONFIRM_WAIT_S)
+        confirmed = await self._hold(encoded, give_up_at)
+        if confirmed and terminal and self._started_state is _Started.LOST:
+            self._log_started_lost()
+        return confirmed
+
+    async def _hold(self, encoded: EncodedReport, give_up_at: float) -> bool:
+        """Try until confirmed; ``False`` when ``give_up_at`` or a token comes first."""
+        kind = encoded.type
+        progress = kind is ReportType.PROGRESS
+        is_started = encoded is self._started_report
+        terminal = kind in (ReportType.SUCCESS, ReportType.FAILURE)
         delay_s = PUBLISH_RETRY_FIRST_S
         refusals, logged_at = 0, 0.0
         while True:
+            if is_started and self._taken_over and self._started_state is not _Started.CONFIRMED:
+                # Lost after the terminal report went out behind it: the terminal report sends
+                # it again ahead of itself, never after.
+                self._mark(_Started.LOST)
+                return False
             why = self._stopped()
             if why is None and self.monotonic() >= give_up_at:
                 why = GiveUp.HOLD_EXPIRED
             if why is not None:
                 if not progress:
-                    self.gave_up = why
-                    _logger.warning(
-                        "The %s report could not get out (%s); %s",
-                        report.type,
-                        why.value,
-                        "the delivery was withdrawn: nothing more is sent for it"
-                        if why is GiveUp.WITHDRAWN
-                        else "giving the delivery back",
-                        extra=self._log_extra(),
-                    )
+                    self._give_up(kind, why)
                 return False
             try:
                 confirmed = await until(
-                    self.transport.publish(self.delivery, encoded),
+                    self._try(
+                        encoded,
+                        carries_started=terminal and self._started_state is _Started.LOST,
+                    ),
                     give_up_at - self.monotonic(),
                     self.delivery.cancel_token,
                     self.abort,
@@ -196,32 +328,23 @@ class DeliveryReporter:
             except ReportRefusedError as exc:
                 # Refused for what it holds (its size, Step Functions' InvalidOutput): trying
                 # again cannot help, and the task concludes with the failure this becomes.
-                self.notify(PublishFailed(report.type))
+                self.notify(PublishFailed(kind))
                 for_what = "for its size" if exc.too_large else "for its content"
                 raise ReportEncodeError(
-                    f"the broker refused the {report.type} report of {len(encoded.body)} bytes "
+                    f"the broker refused the {kind} report of {len(encoded.body)} bytes "
                     f"{for_what} ({exc})",
                     too_large=exc.too_large,
                 ) from exc
             except PublishError as exc:
-                self.notify(PublishFailed(report.type))
-                if self._stopped() is not None:
-                    continue  # withdrawn or aborted meanwhile: said once, at the loop's top
+                self.notify(PublishFailed(kind))
+                if self._stopped() is not None or (is_started and self._taken_over):
+                    continue  # said once, at the loop's top
                 refusals += 1
                 now = self.monotonic()
                 if progress or refusals == 1 or now - logged_at >= HOLD_LOG_EVERY_S:
                     # A hold may last the consumer timeout: one line a minute, not one a try.
                     logged_at = now
-                    _logger.warning(
-                        "The %s report was not confirmed by the broker (%s)%s",
-                        report.type,
-                        exception_type_name(exc.__cause__ or exc),
-                        ""
-                        if progress
-                        else f"; holding the delivery and retrying (try {refusals}, up to "
-                        f"{max(0.0, give_up_at - now):.0f} s more)",
-                        extra=self._log_extra(),
-                    )
+                    self._log_refusal(kind, exc, None if progress else refusals, give_up_at - now)
                 if progress:
                     return False
                 # The last wait is cut short, so that the last try runs at the hold's end; when
@@ -233,43 +356,45 @@ class DeliveryReporter:
                 delay_s = min(delay_s * 2, PUBLISH_RETRY_MAX_S)
                 continue
             if not confirmed:  # the wait ran out, or was stopped, before the confirm
-                self.notify(PublishFailed(report.type))
+                self.notify(PublishFailed(kind))
                 continue
-            self.notify(ReportPublished(report.type))
+            self.notify(ReportPublished(kind))
             return True
+
+    def _log_started_lost(self) -> None:
+        # Only a refusal that lets the next publish through does this (a full queue freeing one
+        # place between the two): the one terminal report is what matters, so it stands.
+        _logger.warning(
+            "The broker refused the started report but took the terminal report sent right "
+            "behind it; the consumer gets the terminal report without started",
+            extra=self._log_extra(),
+        )
+
+    def _give_up(self, kind: ReportType, why: GiveUp) -> None:
+        self.gave_up = why
+        _logger.warning(
+            "The %s report could not get out (%s); %s",
+            kind,
+            why.value,
+            "the delivery was withdrawn: nothing more is sent for it"
+            if why is GiveUp.WITHDRAWN
+            else "giving the delivery back",
+            extra=self._log_extra(),
+        )
+
+    def _log_refusal(
+        self, kind: ReportType, exc: PublishError, held_try: int | None, left_s: float
+    ) -> None:
+        _logger.warning(
+            "The %s report was not confirmed by the broker (%s)%s",
+            kind,
+            exception_type_name(exc.__cause__ or exc),
+            ""
+            if held_try is None
+            else f"; holding the delivery and retrying (try {held_try}, up to "
+            f"{max(0.0, left_s):.0f} s more)",
+            extra=self._log_extra(),
+        )
 
     def _log_extra(self) -> dict[str, Any]:
         return task_log_extra({"task_id": self.task_id, "attempt": self.attempt})
-
-
-async def until(work: Awaitable[None], limit_s: float, *tokens: CancelToken | None) -> bool:
-    """Await ``work`` for at most ``limit_s`` seconds, or until a token is cancelled.
-
-    Returns:
-        ``True`` when ``work`` finished in time; ``False`` when it was cancelled first.
-
-    Raises:
-        Exception: whatever ``work`` raised.
-    """
-    running = asyncio.ensure_future(work)
-    if limit_s <= 0:
-        running.cancel()
-
-    def stop() -> None:
-        running.cancel()
-
-    removers = [token.add_callback(stop) for token in tokens if token is not None]
-    timer = asyncio.get_running_loop().call_later(max(0.0, limit_s), running.cancel)
-    try:
-        await asyncio.wait({running})
-    except BaseException:
-        running.cancel()  # our caller was cancelled: the work goes with it
-        raise
-    finally:
-        timer.cancel()
-        for remove in removers:
-            remove()
-    if running.cancelled():
-        return False
-    running.result()
-    return True

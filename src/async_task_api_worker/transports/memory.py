@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -94,9 +94,12 @@ class InMemoryTransport(EnvelopeBodies):
         self._consuming = False
         self._closed = False
         self._fail_publishes: list[list[str | int | None]] = []
+        self._confirms = asyncio.Event()
+        self._confirms.set()
+        self._refuse_confirms: list[str | None] = []
         self._on_publish = on_publish
         self.published: list[PublishedReport] = []
-        """Every confirmed report, in publish order."""
+        """Every report sent and not refused at its confirm, in the order sent."""
         self.dead_letters: list[DeadLetter] = []
         """Messages rejected or dropped by the queue's delivery limit."""
         self.acked: list[QueuedMessage] = []
@@ -142,6 +145,22 @@ class InMemoryTransport(EnvelopeBodies):
                 :meth:`clear_publish_failures` (a broker refusing reports for a while).
         """
         self._fail_publishes.append([report_type, times])
+
+    def hold_confirms(self) -> None:
+        """Withhold every confirm until :meth:`release_confirms`: reports are sent, unconfirmed."""
+        self._confirms.clear()
+
+    def release_confirms(self) -> None:
+        """Confirm what :meth:`hold_confirms` withheld, and every report from now on."""
+        self._confirms.set()
+
+    def refuse_next_confirm(self, report_type: str | None = None) -> None:
+        """Nack the next sent report of ``report_type`` (or of any type) at its confirm.
+
+        The report was sent, so later reports went out behind it; the broker then refuses it
+        (a ``basic.nack``), and it leaves :attr:`published`.
+        """
+        self._refuse_confirms.append(report_type)
 
     def clear_publish_failures(self) -> None:
         """Forget every failure :meth:`fail_next_publish` asked for: the broker takes reports."""
@@ -228,6 +247,32 @@ class InMemoryTransport(EnvelopeBodies):
         """End :meth:`deliveries`; unacked deliveries can still be settled."""
         self._consuming = False
         self._wake()
+
+    async def send(self, delivery: Delivery, report: EncodedReport) -> Awaitable[None]:
+        """Send ``report`` now (:meth:`publish`); the result waits for its confirm.
+
+        Raises:
+            PublishError: :meth:`fail_next_publish` asked for this one to fail (from the call),
+                or :meth:`refuse_next_confirm` (from awaiting the result).
+        """
+        await self.publish(delivery, report)
+        refused = next(
+            (
+                index
+                for index, wanted in enumerate(self._refuse_confirms)
+                if wanted is None or wanted == report.type
+            ),
+            None,
+        )
+        if refused is not None:
+            del self._refuse_confirms[refused]
+        return self._confirm(report, refused=refused is not None)
+
+    async def _confirm(self, report: EncodedReport, *, refused: bool) -> None:
+        await self._confirms.wait()
+        if refused:
+            self.published[:] = [sent for sent in self.published if sent.report is not report]
+            raise PublishError(f"injected nack of the {report.type} report")
 
     async def publish(self, delivery: Delivery, report: EncodedReport) -> None:
         """Record ``report`` as confirmed, unless a failure was requested for it.

@@ -10,8 +10,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import AsyncIterator, Awaitable
 from datetime import UTC, datetime
-from typing import Final
+from typing import Any, Final
 
 import aio_pika
 import aiormq
@@ -47,6 +48,7 @@ class ReportPublisher:
         self._channel: AbstractChannel | None = None
         self._refusals = 0
         self._fresh_channel: asyncio.Future[None] | None = None
+        self._order = asyncio.Lock()
 
     @property
     def blocked(self) -> bool:
@@ -71,18 +73,21 @@ class ReportPublisher:
         """A channel with publisher confirms whose returns (unroutable reports) raise."""
         return await self._link.connection.channel(publisher_confirms=True, on_return_raises=True)
 
-    async def publish(self, report: EncodedReport) -> None:
-        """Publish ``report`` to the output queue and wait for the broker's confirm.
+    async def send(self, report: EncodedReport) -> Awaitable[None]:
+        """Put ``report`` on its way to the output queue; the result waits for the confirm.
 
-        The publish is mandatory: a report the broker cannot route (the output queue was
-        deleted) is a failure, not a silent drop. It waits, without a time limit of its own,
-        while the broker blocks the connection and for a confirm that is merely late: only the
-        caller (the engine's hold) stops the wait, by cancelling it. Refused again and again
-        (``basic.nack``: a full queue with ``reject-publish``), the channel is replaced
-        (RabbitMQ 3.10 kept nacking a quorum queue's publishes on the same channel after the
-        queue had room again) and then the connection.
+        Reports reach the broker in the order of their calls: this returns once the report
+        holds its place on the channel (queued behind every earlier one, ahead of every later
+        one), so the engine can send a delivery's terminal report before ``started`` is
+        confirmed. The publish is mandatory: a report the broker cannot route (the output
+        queue was deleted) is a failure, not a silent drop. Nothing here has a time limit of
+        its own: while the broker blocks the connection, and for a confirm that is merely late,
+        it waits, and only the caller (the engine's hold) stops the wait, by cancelling it.
+        Refused again and again (``basic.nack``: a full queue with ``reject-publish``), the
+        channel is replaced (RabbitMQ 3.10 kept nacking a quorum queue's publishes on the same
+        channel after the queue had room again) and then the connection.
 
-        Raises:
+        Raises (from the call, or from awaiting its result):
             MessageTooLargeError: the broker refused the report for its size
                 (``max_message_size``); publishing it again cannot help.
             PublishError: the broker did not confirm it (nack, return, lost channel).
@@ -102,22 +107,47 @@ class ReportPublisher:
             timestamp=datetime.fromtimestamp(properties.timestamp_s, UTC),
             app_id=properties.app_id,
         )
-        try:
-            with publish_errors(f"the {report.type} report"):
-                if channel is None:
-                    raise ConnectionError("not connected")
-                await self._link.wait_unblocked()  # never into a socket the broker ignores
-                if channel.is_closed:
-                    # Reopening after a reconnect or a channel error: the message has not left.
-                    await channel.ready()  # type: ignore[attr-defined]
-                underlay = await channel.get_underlay_channel()
-                await underlay.basic_publish(
+        async with self._order, self._refusal(report, channel):
+            if channel is None:
+                raise ConnectionError("not connected")
+            await self._link.wait_unblocked()  # never into a socket the broker ignores
+            if channel.is_closed:
+                # Reopening after a reconnect or a channel error: the message has not left.
+                await channel.ready()  # type: ignore[attr-defined]
+            underlay = await channel.get_underlay_channel()
+            publishing = asyncio.ensure_future(
+                underlay.basic_publish(
                     report.body,
                     exchange="",
                     routing_key=self._out_queue,
                     properties=amqp_properties,
                     mandatory=True,
                 )
+            )
+            # Its first step queues the frame, or queues it at aiormq's channel lock (first
+            # come, first served): from then on, no later report can overtake it.
+            await asyncio.sleep(0)
+        return self._confirmed(publishing, report, channel)
+
+    async def _confirmed(
+        self, publishing: asyncio.Future[Any], report: EncodedReport, channel: AbstractChannel
+    ) -> None:
+        try:
+            async with self._refusal(report, channel):
+                await publishing
+        except BaseException:
+            publishing.cancel()
+            raise
+        self._refusals = 0
+
+    @contextlib.asynccontextmanager
+    async def _refusal(
+        self, report: EncodedReport, channel: AbstractChannel | None
+    ) -> AsyncIterator[None]:
+        """Translate a refusal of ``report``: its size, an unroutable return, a nack."""
+        try:
+            with publish_errors(f"the {report.type} report"):
+                yield
         except PublishError as exc:
             cause = exc.__cause__
             limit = size_limit_of(cause)
@@ -131,7 +161,6 @@ class ReportPublisher:
             if isinstance(cause, aiormq.exceptions.DeliveryError):
                 self._refused()
             raise
-        self._refusals = 0
 
     def _refused(self) -> None:
         """Count a ``basic.nack``; replace the channel, then the connection, when they pile up."""

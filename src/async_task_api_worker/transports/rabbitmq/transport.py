@@ -350,12 +350,13 @@ class RabbitMQTransport(EnvelopeBodies):
 
     # ------------------------------------------------------------------ reports and settles
 
-    async def publish(self, delivery: Delivery, report: EncodedReport) -> None:
-        """Publish ``report`` to the output queue and wait for the broker's confirm.
+    async def send(self, delivery: Delivery, report: EncodedReport) -> Awaitable[None]:
+        """Put ``report`` on its way to the output queue; the result waits for the confirm.
 
-        See :meth:`ReportPublisher.publish`; the caller (the engine's hold) bounds the wait.
+        See :meth:`ReportPublisher.send`: reports reach the broker in the order of their calls,
+        and the caller (the engine's hold) bounds the wait.
 
-        Raises:
+        Raises (from the call, or from awaiting its result):
             MessageTooLargeError: the broker refused the report for its size.
             PublishError: the broker did not confirm it (nack, return, lost channel), or the
                 delivery's channel closed (the broker requeued it).
@@ -363,7 +364,7 @@ class RabbitMQTransport(EnvelopeBodies):
         if delivery.handle is not None and delivery.handle.lost:
             # Its channel closed: the broker requeued it, and the next attempt will report.
             raise PublishError(f"the {report.type} report is for a delivery the broker requeued")
-        await self._reports.publish(report)
+        return await self._reports.send(report)
 
     async def _settle(
         self,
