@@ -18,6 +18,7 @@ from async_task_api_worker.errors import SettingsError, TimeBudgetError
 from async_task_api_worker.protocol.encoding import MAX_REPORT_BYTES
 
 __all__ = [
+    "MAX_WORKER_PROCESSES",
     "SILENT_HEARTBEATS_TO_DEAD",
     "EventLoopKind",
     "LogLevel",
@@ -33,6 +34,10 @@ __all__ = [
 #: A broker connection silent for this many heartbeats is taken for dead (and one silent for a
 #: whole heartbeat is not ready); RabbitMQ sends a frame at least every half heartbeat.
 SILENT_HEARTBEATS_TO_DEAD: Final = 2
+
+#: The most worker processes one ``run`` starts (``WORKER_PROCESSES``): a typo must not fork
+#: a thousand interpreters.
+MAX_WORKER_PROCESSES: Final = 128
 
 #: The schemes ``BROKER_URL`` accepts, and their default ports.
 _AMQP_PORTS: Final = {"amqp": 5672, "amqps": 5671}
@@ -130,6 +135,9 @@ class WorkerSettings(BaseSettings):
     """``service`` (a long-lived consumer) or ``job`` (stop after the quota)."""
     worker_concurrency: Annotated[int, Field(ge=1, le=10_000)] = 1
     """Tasks run at once; also the prefetch (service mode) and the thread pool's size."""
+    worker_processes: Annotated[int, Field(ge=1, le=MAX_WORKER_PROCESSES)] = 1
+    """Worker processes ``run`` starts, each with its own connection and ``WORKER_CONCURRENCY``
+    tasks; above 1 a supervisor runs them (``runtime.processes``). ``run --processes`` wins."""
     worker_task_timeout_s: PositiveSeconds | None = None
     """Overrides the ``@worker.task(timeout=...)`` of the code, in seconds."""
     worker_delivery_limit: Annotated[int, Field(ge=1, le=1000)] = 5
@@ -188,6 +196,18 @@ class WorkerSettings(BaseSettings):
         if self.worker_transport is WorkerTransport.RABBITMQ and self.sqs_queue_url is not None:
             # Most likely a forgotten WORKER_TRANSPORT: the worker would consume RabbitMQ.
             raise ValueError("SQS_QUEUE_URL: set, but WORKER_TRANSPORT is rabbitmq (sqs-sfn?)")
+        if self.worker_processes > 1 and self.worker_mode is WorkerMode.JOB:
+            # A job's quota, idle exit and exit code describe one process: the pod's.
+            raise ValueError(
+                "WORKER_PROCESSES: job mode runs one process (its quota and exit code are the "
+                "pod's); set WORKER_PROCESSES=1 and run more jobs"
+            )
+        if self.worker_processes > 1 and self.worker_transport is WorkerTransport.SQS_SFN:
+            # One process clearing the task's protection would expose another's message.
+            raise ValueError(
+                "WORKER_PROCESSES: sqs-sfn runs one process per ECS task (task protection is "
+                "task-wide); set WORKER_PROCESSES=1 and run more tasks"
+            )
         return self
 
     def broker_urls(self) -> tuple[str, ...]:

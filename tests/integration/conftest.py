@@ -242,10 +242,12 @@ def markers(tmp_path: Path) -> Path:
 
 
 class WorkerProcess:
-    """``python -m async_task_api_worker run TARGET`` as a real process, stdout and stderr to
-    files of their own."""
+    """``python -m async_task_api_worker run TARGET [ARGS]`` as a real process, stdout and
+    stderr to files of their own."""
 
-    def __init__(self, target: str, env: dict[str, str], logs: Path) -> None:
+    def __init__(
+        self, target: str, env: dict[str, str], logs: Path, args: tuple[str, ...] = ()
+    ) -> None:
         self.target = target
         name = f"worker-{uuid.uuid4().hex[:6]}"
         self.stdout_path = logs / f"{name}.stdout"
@@ -253,7 +255,7 @@ class WorkerProcess:
         self._stdout = self.stdout_path.open("w")
         self._stderr = self.stderr_path.open("w")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "async_task_api_worker", "run", target],
+            [sys.executable, "-m", "async_task_api_worker", "run", target, *args],
             cwd=REPO,
             env=env,
             stdout=self._stdout,
@@ -316,8 +318,14 @@ def start_worker(tmp_path: Path) -> Iterator[object]:
     """Start worker processes; they are stopped (SIGTERM) after the test."""
     started: list[WorkerProcess] = []
 
-    def start(target: str, env: dict[str, str], *, wait_connected: bool = True) -> WorkerProcess:
-        worker = WorkerProcess(target, env, tmp_path)
+    def start(
+        target: str,
+        env: dict[str, str],
+        *,
+        wait_connected: bool = True,
+        args: tuple[str, ...] = (),
+    ) -> WorkerProcess:
+        worker = WorkerProcess(target, env, tmp_path, args)
         started.append(worker)
         if wait_connected:
             worker.wait_for_log("Connected to")

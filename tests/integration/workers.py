@@ -137,3 +137,35 @@ async def unreachable(task_input: Input, ctx: TaskContext) -> Output:
 def factory() -> Worker:
     """A factory target: ``tests.integration.workers:factory``."""
     return sleeping
+
+
+pooled = Worker("pooled")
+
+
+@pooled.readiness_probe(name="database")
+async def database_of_this_process() -> bool:
+    """Ready unless ``down-<pid>`` exists: one worker process of several can fail alone."""
+    return not (Path(os.environ["ATW_TEST_MARKERS"]) / f"down-{os.getpid()}").exists()
+
+
+@pooled.task(timeout=600)
+async def pooled_sleep(task_input: Input, ctx: TaskContext) -> Output:
+    """As ``sleeping``: sleep ``seconds`` on the first attempt, answer with the attempt."""
+    _mark(ctx)
+    await asyncio.sleep(task_input.seconds if ctx.attempt == 1 else 0.0)
+    return Output(attempt=ctx.attempt)
+
+
+blocking_stop = Worker("blocking-stop")
+
+
+@blocking_stop.on_shutdown
+async def block_the_loop() -> None:
+    """A shutdown hook that blocks the event loop: its timeout cannot stop it."""
+    time.sleep(600)  # the point: nothing in the process can end it
+
+
+@blocking_stop.task(timeout=5)
+async def answer_at_once(task_input: Input, ctx: TaskContext) -> Output:
+    """Answer with the attempt."""
+    return Output(attempt=ctx.attempt)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from async_task_api_worker._version import __version__
 from async_task_api_worker.errors import ConfigError
@@ -16,6 +17,15 @@ PROG = "async-task-api-worker"
 
 #: The shell's convention for a process ended by SIGINT (128 + 2).
 INTERRUPTED = 130
+
+#: ``--processes`` of ``run`` and ``check``: ``WORKER_PROCESSES``, which it overrides.
+_PROCESSES: dict[str, Any] = {
+    "type": int,
+    "default": None,
+    "metavar": "N",
+    "help": "worker processes, each with its own broker connection, under a supervisor when "
+    "above 1 (default: WORKER_PROCESSES, else 1)",
+}
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -31,12 +41,14 @@ def _parser() -> argparse.ArgumentParser:
         "(settings from the environment)",
     )
     run.add_argument("target", help="my_module:worker (a Worker, or a function returning one)")
+    run.add_argument("--processes", **_PROCESSES)
 
     check = commands.add_parser(
         "check",
         help="check a worker's definition, settings and time budget; print the shutdown bound",
     )
     check.add_argument("target", help="my_module:worker")
+    check.add_argument("--processes", **_PROCESSES)
 
     dev = commands.add_parser(
         "dev",
@@ -89,11 +101,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if arguments.command == "run":
             from async_task_api_worker.cli.commands.run import run_command
 
-            return run_command(arguments.target)
+            return run_command(arguments.target, processes=arguments.processes)
         if arguments.command == "check":
             from async_task_api_worker.cli.commands.check import check_command
 
-            return check_command(arguments.target)
+            return check_command(arguments.target, processes=arguments.processes)
         if arguments.command == "tick":
             from async_task_api_worker.cli.commands.tick import tick_command
 

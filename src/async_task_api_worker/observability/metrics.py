@@ -32,6 +32,11 @@ first :data:`MAX_USER_CODES` distinct ones get their own series; later ones are 
 One more counter lives on prometheus-client's default registry, for the processes that sweep
 detached state (docs/detached.md): ``worker_detached_unreadable_files_total`` (``kind``:
 ``marker`` or ``result``; 2 series).
+
+Several worker processes (``run --processes N``) write their values to prometheus-client's
+multiprocess files, and their supervisor serves them as one worker's
+(``observability.processes.ProcessesMetrics``); each gauge says how it adds up
+(``multiprocess_mode``).
 """
 
 from __future__ import annotations
@@ -79,6 +84,7 @@ __all__ = [
     "MAX_USER_CODES",
     "OTHER_CODE",
     "WorkerMetrics",
+    "exposition_of",
 ]
 
 #: Distinct user error codes that get a series of their own in ``worker_task_failures_total``.
@@ -170,6 +176,8 @@ class WorkerMetrics:
             "The largest delay of the event loop's 0.5 s timer in the last 60 s, in seconds.",
             ["component"],
             registry=registry,
+            # Several processes: the worst live loop, which is what a lag alert is about.
+            multiprocess_mode="livemax",
         )
         self.failures = Counter(
             "worker_task_failures_total",
@@ -204,6 +212,8 @@ class WorkerMetrics:
             "worker_tasks_in_flight",
             "Deliveries taken by the engine and not settled yet.",
             registry=registry,
+            # Several processes: a dead one's deliveries went back to the broker with it.
+            multiprocess_mode="livesum",
         )
         self.shutdown_requeued = Counter(
             "worker_shutdown_requeued_total",
@@ -289,12 +299,21 @@ class WorkerMetrics:
         Returns:
             The body and its ``Content-Type``.
         """
-        # Only the media type is read from the client: the content type answered is a constant,
-        # never a value copied from the request (prometheus-client would echo its version).
-        registry = _WithoutCreated(self.registry)
-        if accept and "application/openmetrics-text" in accept:
-            return openmetrics.generate_latest(registry), openmetrics.CONTENT_TYPE_LATEST  # type: ignore[no-untyped-call]
-        return generate_latest(registry), CONTENT_TYPE_PLAIN_0_0_4
+        return exposition_of(self.registry, accept)
+
+
+def exposition_of(registry: CollectorRegistry, accept: str | None = None) -> tuple[bytes, str]:
+    """``registry``'s metrics in the format ``accept`` asks for, without ``*_created``.
+
+    Returns:
+        The body and its ``Content-Type`` (Prometheus text unless OpenMetrics is asked for).
+    """
+    # Only the media type is read from the client: the content type answered is a constant,
+    # never a value copied from the request (prometheus-client would echo its version).
+    collected = _WithoutCreated(registry)
+    if accept and "application/openmetrics-text" in accept:
+        return openmetrics.generate_latest(collected), openmetrics.CONTENT_TYPE_LATEST  # type: ignore[no-untyped-call]
+    return generate_latest(collected), CONTENT_TYPE_PLAIN_0_0_4
 
 
 class _WithoutCreated:

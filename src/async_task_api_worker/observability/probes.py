@@ -15,6 +15,11 @@ the liveness probe fail, which is the point). It is bounded, whatever a client d
 Errors use the platform's format ``{"status": "error", "error": {"code", "message"}}``: 404
 ``NOT_FOUND``, 405 ``METHOD_NOT_ALLOWED``, 500 ``PROBE_FAILED``, 400 ``BAD_REQUEST``, and 503
 ``NOT_READY`` with the failing components named.
+
+With several worker processes (``runtime.processes``), each process serves its probes on a
+loopback socket its supervisor gives it, and the supervisor's ``/ready`` reads theirs
+(``observability.processes.fetch_readiness``): the rule of what makes a process ready stays
+here and in the runner.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import socket
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Final
 
@@ -71,6 +77,9 @@ class ReadinessCheck:
             it returns a true value within ``probe_timeout_s`` seconds, and failing when it
             returns a false value, raises, or runs out of time.
         probe_timeout_s: seconds each hook gets.
+        delegated: returns more failing components, and why, gathered from elsewhere (a
+            supervisor asking its worker processes); it bounds its own time. Awaited beside
+            the hooks; an exception it raises propagates as ``builtin``'s does.
 
     Concurrent :meth:`evaluate` calls share one evaluation: the hooks run once for all of them.
     """
@@ -81,8 +90,10 @@ class ReadinessCheck:
         probes: Mapping[str, Probe],
         *,
         probe_timeout_s: float = PROBE_TIMEOUT_S,
+        delegated: Callable[[], Awaitable[Mapping[str, str]]] | None = None,
     ) -> None:
         self._builtin = builtin
+        self._delegated = delegated
         self._probes = dict(probes)
         self._probe_timeout_s = probe_timeout_s
         self._pending: asyncio.Future[dict[str, str]] | None = None
@@ -113,8 +124,11 @@ class ReadinessCheck:
 
     async def _evaluate(self) -> dict[str, str]:
         names = list(self._probes)
-        results = await asyncio.gather(*(self._run(name) for name in names))
+        results, delegated = await asyncio.gather(
+            asyncio.gather(*(self._run(name) for name in names)), self._gather_delegated()
+        )
         failing = dict(self._builtin())
+        failing.update(delegated)
         failing.update((name, why) for name, why in zip(names, results, strict=True) if why)
         if failing != self._last:
             if failing:
@@ -126,6 +140,9 @@ class ReadinessCheck:
                 _logger.info("Ready")
             self._last = failing
         return failing
+
+    async def _gather_delegated(self) -> Mapping[str, str]:
+        return {} if self._delegated is None else await self._delegated()
 
     @property
     def stuck_probes(self) -> int:
@@ -180,6 +197,8 @@ class ProbesServer:
         max_connections: connections served at once.
         io_timeout_s: seconds for each of reading, writing and closing.
         max_request_bytes: bytes a request line and its headers may take.
+        sock: a bound socket to serve on instead of ``host`` and ``port`` (a worker process's
+            loopback socket, bound by its supervisor); the server owns it from then on.
     """
 
     def __init__(
@@ -192,9 +211,11 @@ class ProbesServer:
         max_connections: int = MAX_CONNECTIONS,
         io_timeout_s: float = IO_TIMEOUT_S,
         max_request_bytes: int = MAX_REQUEST_BYTES,
+        sock: socket.socket | None = None,
     ) -> None:
         self._host = host
         self._port = port
+        self._sock = sock
         self._readiness = readiness
         self._metrics = metrics
         self._max_connections = max_connections
@@ -226,9 +247,15 @@ class ProbesServer:
         Raises:
             OSError: the address cannot be bound (in use, not local, not resolvable).
         """
-        self._server = await asyncio.start_server(
-            self._connected, self._host, self._port, limit=self._max_request_bytes
-        )
+        if self._sock is not None:
+            self._host = str(self._sock.getsockname()[0])
+            self._server = await asyncio.start_server(
+                self._connected, sock=self._sock, limit=self._max_request_bytes
+            )
+        else:
+            self._server = await asyncio.start_server(
+                self._connected, self._host, self._port, limit=self._max_request_bytes
+            )
         host = f"[{self._host}]" if ":" in self._host else self._host
         _logger.info("Probes server listening on http://%s:%d", host, self.port)
 

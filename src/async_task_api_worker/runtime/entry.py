@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import socket
 import sys
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -18,7 +19,7 @@ from async_task_api_worker.errors import BrokerUnavailableError, ConfigError, Se
 from async_task_api_worker.observability.logging import configure_logging
 from async_task_api_worker.ports import Transport
 from async_task_api_worker.runtime.exit_codes import ExitCode
-from async_task_api_worker.runtime.hooks import STUCK_CHECK_S
+from async_task_api_worker.runtime.hooks import STUCK_CHECK_S, drain_grace_s, shutdown_bound_s
 from async_task_api_worker.runtime.loops import loop_factory, run_on
 from async_task_api_worker.runtime.observed import serving_probes
 from async_task_api_worker.runtime.runner import Runner
@@ -32,7 +33,14 @@ from async_task_api_worker.settings import (
     load_settings,
 )
 
-__all__ = ["prepare", "run_worker", "runner_for", "serve_worker", "transport_for"]
+__all__ = [
+    "prepare",
+    "run_worker",
+    "runner_for",
+    "serve_worker",
+    "shutdown_bounds",
+    "transport_for",
+]
 
 _logger = logging.getLogger("async_task_api_worker.runtime")
 
@@ -114,6 +122,33 @@ def runner_for(worker: Worker, settings: WorkerSettings) -> Runner:
     return Runner(worker, settings, transport_for(worker, settings))
 
 
+def shutdown_bounds(worker: Worker, settings: WorkerSettings) -> tuple[float, float]:
+    """The drain's grace and the shutdown bound of one worker process, in seconds.
+
+    The grace is ``runtime.hooks.drain_grace_s`` on the transport ``run`` builds (made, not
+    connected), the bound ``runtime.hooks.shutdown_bound_s`` with that grace: what ``check``
+    prints, and what a supervisor of several processes adds its margin to.
+
+    Raises:
+        SettingsError: ``WORKER_TRANSPORT=sqs-sfn`` without boto3 installed.
+    """
+    transport = transport_for(worker, settings)
+    timeout_s = settings.task_timeout_s(worker.task_definition.timeout_s)
+    grace_s = drain_grace_s(settings, timeout_s, deletes_on_pickup=transport.deletes_on_pickup)
+    return grace_s, shutdown_bound_s(settings, grace_s=grace_s)
+
+
+def _one_process(settings: WorkerSettings) -> None:
+    """Refuse ``WORKER_PROCESSES`` above 1 where no supervisor can start the others."""
+    if settings.worker_processes > 1:
+        # Only the `run` command knows the target a fresh process can load.
+        raise SettingsError(
+            f"invalid setting WORKER_PROCESSES: {settings.worker_processes} processes need the "
+            "run command (async-task-api-worker run my_module:worker); worker.run() and "
+            "serve() run one"
+        )
+
+
 async def serve_worker(worker: Worker, settings: WorkerSettings | None = None) -> None:
     """Serve ``worker`` from the running event loop until cancelled or the transport gives up.
 
@@ -124,11 +159,14 @@ async def serve_worker(worker: Worker, settings: WorkerSettings | None = None) -
 
     Raises:
         SettingsError: a setting is invalid, checked before connecting (or the probes server
-            cannot listen on ``HEALTH_CHECK_HOST:HEALTH_CHECK_PORT``).
+            cannot listen on ``HEALTH_CHECK_HOST:HEALTH_CHECK_PORT``, or ``WORKER_PROCESSES``
+            is above 1: only the ``run`` command starts several processes).
         BrokerRefusedError: the broker refused the connection.
         BrokerUnavailableError: the transport gave up.
     """
-    runner = runner_for(worker, settings or prepare(worker))
+    settings = settings or prepare(worker)
+    _one_process(settings)
+    runner = runner_for(worker, settings)
     async with serving_probes(runner):
         serving = asyncio.ensure_future(runner.serve())
         try:
@@ -143,14 +181,14 @@ async def serve_worker(worker: Worker, settings: WorkerSettings | None = None) -
         raise runner.failure
 
 
-async def _run(runner: Runner) -> ExitCode:
+async def _run(runner: Runner, probes_socket: socket.socket | None) -> ExitCode:
     loop = asyncio.get_running_loop()
     _logger.info(
         "Event loop: %s (WORKER_EVENT_LOOP=%s)",
         type(loop).__module__.partition(".")[0],
         runner.settings.worker_event_loop.value,
     )
-    async with serving_probes(runner) as probes:
+    async with serving_probes(runner, sock=probes_socket) as probes:
         code = await _run_observed(runner)
     _logger.info("Worker stopped (exit code %d)", code)
     if probes.readiness.stuck_probes:
@@ -191,6 +229,7 @@ def run_worker(
     *,
     runner: Runner | None = None,
     build: Callable[[], Runner] | None = None,
+    probes_socket: socket.socket | None = None,
 ) -> ExitCode:
     """Run ``worker`` until SIGTERM/SIGINT, in a new event loop; returns the exit code.
 
@@ -202,16 +241,20 @@ def run_worker(
         runner: a runner made already (logging is then left as it is).
         build: makes the runner, for a face with a transport or executor of its own (the
             seed-000 ``sfn.Worker``); default: :func:`runner_for` on :func:`prepare`'s settings.
+        probes_socket: the bound socket a supervisor gave this process for its probes, served
+            instead of ``HEALTH_CHECK_HOST:PORT`` (``runtime.processes``).
 
     Errors become exit codes with one line on stderr: 2 for configuration (a bad setting, the
-    time budget, refused credentials, a probes port that cannot be bound), 1 for a broker that
-    cannot be reached.
+    time budget, refused credentials, a probes port that cannot be bound, ``WORKER_PROCESSES``
+    above 1: only the ``run`` command starts several processes), 1 for a broker that cannot be
+    reached.
     """
     try:
         if runner is None:
             runner = build() if build is not None else runner_for(worker, prepare(worker))
             configure_logging(runner.settings.log_level)
-        return run_on(runner.settings.worker_event_loop, _run(runner))
+        _one_process(runner.settings)
+        return run_on(runner.settings.worker_event_loop, _run(runner, probes_socket))
     except ConfigError as exc:
         print(f"async-task-api-worker: {exc}", file=sys.stderr)
         return ExitCode.CONFIG

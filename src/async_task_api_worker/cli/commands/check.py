@@ -1,8 +1,8 @@
 """``check my_module:worker``: the definition, the settings and the time budget, no broker.
 
 Prints what a deployment needs: the transport, the effective task timeout, the budget
-arithmetic, the shutdown bound and the ``terminationGracePeriodSeconds`` to set. Exits 0, or 2
-with one line.
+arithmetic, the worker processes, the shutdown bound and the ``terminationGracePeriodSeconds``
+to set. Exits 0, or 2 with one line.
 """
 
 from __future__ import annotations
@@ -10,10 +10,11 @@ from __future__ import annotations
 import math
 
 from async_task_api_worker.cli.loading import load_worker
-from async_task_api_worker.runtime.entry import prepare, transport_for
+from async_task_api_worker.runtime.entry import prepare, shutdown_bounds
 from async_task_api_worker.runtime.exit_codes import ExitCode
-from async_task_api_worker.runtime.hooks import close_timeout_s, drain_grace_s, shutdown_bound_s
+from async_task_api_worker.runtime.hooks import close_timeout_s
 from async_task_api_worker.runtime.loops import loop_factory
+from async_task_api_worker.runtime.processes import KILL_MARGIN_S, shutdown_bound_of
 from async_task_api_worker.settings import (
     SILENT_HEARTBEATS_TO_DEAD,
     WorkerSettings,
@@ -27,20 +28,25 @@ __all__ = ["check_command"]
 ECS_MAX_STOP_TIMEOUT_S = 120
 
 
-def check_command(target: str) -> int:
+def check_command(target: str, *, processes: int | None = None) -> int:
     """Check ``target`` against the environment's settings and print the numbers.
+
+    Args:
+        target: ``my_module:worker``.
+        processes: ``--processes``, as ``run`` takes it (wins over ``WORKER_PROCESSES``).
 
     Raises:
         ConfigError: the target, its definition, a setting or the time budget is wrong (or
             ``WORKER_TRANSPORT=sqs-sfn`` without boto3).
     """
     worker = load_worker(target)
-    settings = prepare(worker)
-    transport = transport_for(worker, settings)  # made, not connected: the one wiring `run` uses
+    settings = prepare(worker, None if processes is None else {"worker_processes": processes})
+    # The transport `run` would use is made (not connected): how it settles decides the grace.
+    grace, process_bound_s = shutdown_bounds(worker, settings)
+    count = settings.worker_processes
+    bound_s = shutdown_bound_of(count, process_bound_s)
     task = worker.task_definition
     timeout_s = settings.task_timeout_s(task.timeout_s)
-    grace = drain_grace_s(settings, timeout_s, deletes_on_pickup=transport.deletes_on_pickup)
-    bound_s = shutdown_bound_s(settings, grace_s=grace)
     hooks = settings.worker_shutdown_hooks_timeout_s
     isolation = ", a process per task" if task.isolation == "process" else ""
     print(
@@ -56,10 +62,25 @@ def check_command(target: str) -> int:
     close = f"{close_s:g} s close" + (
         f" (5 s + {close_s - 5:g} s long poll)" if close_s > 5 else ""
     )
-    print(
-        f"shutdown bound: {bound_s:g} s after SIGTERM (max(grace {grace:g} s, 5) + 5 s "
-        f"give-backs + {close} + {hooks:g} s shutdown hooks + 2 s)"
+    if count == 1:
+        print("processes: 1 (WORKER_PROCESSES)")
+    else:
+        print(
+            f"processes: {count} (WORKER_PROCESSES) under a supervisor, each with its own "
+            f"broker connection: up to {count * settings.worker_concurrency} tasks at once "
+            f"({count} x WORKER_CONCURRENCY {settings.worker_concurrency})"
+        )
+    process_sum = (
+        f"max(grace {grace:g} s, 5) + 5 s give-backs + {close} + {hooks:g} s shutdown hooks + 2 s"
     )
+    if count == 1:
+        print(f"shutdown bound: {bound_s:g} s after SIGTERM ({process_sum})")
+    else:
+        print(
+            f"shutdown bound: {bound_s:g} s after SIGTERM (a process's {process_bound_s:g} s: "
+            f"{process_sum}; + {KILL_MARGIN_S:g} s for the supervisor to kill and reap what is "
+            "left)"
+        )
     print(f"terminationGracePeriodSeconds: {math.ceil(bound_s) + 1}")
     if settings.worker_transport is WorkerTransport.SQS_SFN:
         stop_s = math.ceil(bound_s) + 1

@@ -1,17 +1,44 @@
-"""``run my_module:worker``: the worker on RabbitMQ, until SIGTERM or SIGINT."""
+"""``run my_module:worker``: the worker on RabbitMQ, until SIGTERM or SIGINT.
+
+``--processes N`` (or ``WORKER_PROCESSES``) above 1 makes it the supervisor of N worker
+processes (``runtime.processes``); each of them is this command again, with ``--processes 1``
+and the link that ``runtime.supervised`` sets.
+"""
 
 from __future__ import annotations
 
+import sys
+
 from async_task_api_worker.cli.loading import load_worker
-from async_task_api_worker.runtime.entry import run_worker
+from async_task_api_worker.runtime.entry import prepare, run_worker, runner_for, shutdown_bounds
+from async_task_api_worker.runtime.exit_codes import ExitCode
+from async_task_api_worker.runtime.supervised import become_child, child_link
 
 __all__ = ["run_command"]
 
 
-def run_command(target: str) -> int:
-    """Load the worker (exit 2 on a definition error), then run it.
+def run_command(target: str, *, processes: int | None = None) -> int:
+    """Load the worker and its settings (exit 2 on an error in either), then run it.
+
+    Args:
+        target: ``my_module:worker``.
+        processes: ``--processes``; wins over ``WORKER_PROCESSES``.
 
     Raises:
-        ConfigError: the target or its definition is wrong (the caller exits 2).
+        ConfigError: the target, its definition or a setting is wrong (the caller exits 2).
     """
-    return int(run_worker(load_worker(target)))
+    worker = load_worker(target)
+    settings = prepare(worker, None if processes is None else {"worker_processes": processes})
+    if settings.worker_processes > 1:
+        from async_task_api_worker.runtime.processes import supervise
+
+        _, process_bound_s = shutdown_bounds(worker, settings)
+        return int(supervise(target, settings, process_bound_s=process_bound_s))
+    link = child_link()
+    probes_socket = None if link is None else become_child(link)
+    if link is not None and probes_socket is None:
+        print("async-task-api-worker: the supervisor is gone; not starting", file=sys.stderr)
+        return ExitCode.OK
+    return int(
+        run_worker(worker, build=lambda: runner_for(worker, settings), probes_socket=probes_socket)
+    )
