@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.contenders import CONTENDERS, Contender, available
-from bench.measure import REPO, Run, one_run, rabbitmqctl
+from bench.measure import REPO, Run, Skipped, one_run, rabbitmqctl
 
 _PACKAGES = (
     "async-task-api-worker",
@@ -40,6 +40,8 @@ _PACKAGES = (
     "faststream",
     "taskiq",
     "taskiq-aio-pika",
+    "taskiq-redis",
+    "redis",
 )
 
 
@@ -58,6 +60,11 @@ class Row:
     def median(self, name: str) -> float:
         """The median of the runs' field ``name``."""
         return statistics.median(getattr(r, name) for r in self.runs)
+
+    def median_or_none(self, name: str) -> float | None:
+        """The median of the runs' field ``name`` where measured (older results lack some)."""
+        values = [value for r in self.runs if (value := getattr(r, name)) is not None]
+        return statistics.median(values) if values else None
 
     def round_trip_ms(self, fraction: float) -> float | None:
         """The median over the runs of a round-trip percentile, in ms; ``None``: no reports."""
@@ -102,9 +109,9 @@ def table(rows: list[Row], queue_type: str) -> list[str]:
     base = rows[0].tasks_per_s if rows and rows[0].contender.key == "baseline" else None
     lines = [
         f"| contender ({queue_type} queues) | tasks/s | runs' range | x baseline | CPU ms/task "
-        "| broker CPU ms/task | round trip p50 ms | p99 ms | RSS after 1k MiB | RSS at end MiB "
-        "| peak RSS MiB | SIGTERM to exit s | exit |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| broker CPU ms/task | round trip p50 ms | p99 ms | idle RSS MiB | RSS after 1k MiB "
+        "| RSS at end MiB | peak RSS MiB | SIGTERM to exit s | exit |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in rows:
         rate = row.tasks_per_s
@@ -114,6 +121,7 @@ def table(rows: list[Row], queue_type: str) -> list[str]:
             f"| {_fmt(base and rate / base, '.2f')} "
             f"| {row.median('cpu_ms_per_task'):.3f} | {row.median('broker_cpu_ms_per_task'):.3f} "
             f"| {_fmt(row.round_trip_ms(0.5), '.2f')} | {_fmt(row.round_trip_ms(0.99), '.2f')} "
+            f"| {_fmt(row.median_or_none('idle_rss_mb'), '.1f')} "
             f"| {row.median('rss_early_mb'):.1f} | {row.median('rss_end_mb'):.1f} "
             f"| {row.median('peak_rss_mb'):.1f} | {row.median('shutdown_s'):.2f} "
             f"| {','.join(sorted({str(r.exit_code) for r in row.runs}))} |"
@@ -124,27 +132,42 @@ def table(rows: list[Row], queue_type: str) -> list[str]:
 def leak_table(rows: list[Row], tasks: int) -> list[str]:
     """The leak check: RSS after 1,000 tasks against RSS after ``tasks``."""
     lines = [
-        f"| contender | RSS after 1,000 MiB | RSS after {tasks:,} MiB | growth |",
-        "|---|---:|---:|---:|",
+        f"| contender | idle RSS MiB | RSS after 1,000 MiB | RSS after {tasks:,} MiB | growth |",
+        "|---|---:|---:|---:|---:|",
     ]
     for row in rows:
         early, end = row.median("rss_early_mb"), row.median("rss_end_mb")
         growth = 100 * (end / early - 1)
-        lines.append(f"| {row.contender.label} | {early:.1f} | {end:.1f} | {growth:+.1f} % |")
+        idle = _fmt(row.median_or_none("idle_rss_mb"), ".1f")
+        lines.append(
+            f"| {row.contender.label} | {idle} | {early:.1f} | {end:.1f} | {growth:+.1f} % |"
+        )
     return lines
 
 
 def _run_rows(
-    contenders: list[Contender], tasks: int, runs: int, round_trips: int, queue_type: str
+    contenders: list[Contender],
+    tasks: int,
+    runs: int,
+    round_trips: int,
+    *,
+    queue_type: str,
+    skipped: list[str],
 ) -> list[Row]:
+    """Each contender's runs; one that raises :class:`Skipped` is left out, said in ``skipped``."""
     rows = []
     for contender in contenders:
         results = []
-        for number in range(runs):
-            print(f"# {contender.key}: run {number + 1} of {runs}", file=sys.stderr, flush=True)
-            results.append(
-                one_run(contender, tasks, round_trips=round_trips, queue_type=queue_type)
-            )
+        try:
+            for number in range(runs):
+                print(f"# {contender.key}: run {number + 1} of {runs}", file=sys.stderr, flush=True)
+                results.append(
+                    one_run(contender, tasks, round_trips=round_trips, queue_type=queue_type)
+                )
+        except Skipped as exc:
+            print(f"# skipped {exc}", flush=True)
+            skipped.append(str(exc))
+            continue
         rows.append(Row(contender, results))
         print(table(rows, queue_type)[-1], flush=True)
     return rows
@@ -195,15 +218,25 @@ def main() -> None:
     for line in header:
         print(f"# {line}", flush=True)
     print("\n".join(table([], arguments.queue_type)), flush=True)
+    not_run: list[str] = []
     rows = _run_rows(
-        contenders, arguments.tasks, arguments.runs, arguments.round_trips, arguments.queue_type
+        contenders,
+        arguments.tasks,
+        arguments.runs,
+        arguments.round_trips,
+        queue_type=arguments.queue_type,
+        skipped=not_run,
     )
     leak_rows: list[Row] = []
     if arguments.leak_tasks:
         checked = [c for c in contenders if c.key in arguments.leak_only.split(",")]
+        checked = [c for c in checked if c.key in {row.contender.key for row in rows}]
         print(f"\n# leak check: {arguments.leak_tasks:,} tasks, 1 run each", flush=True)
         print("\n".join(table([], arguments.queue_type)), flush=True)
-        leak_rows = _run_rows(checked, arguments.leak_tasks, 1, 0, arguments.queue_type)
+        leak_rows = _run_rows(
+            checked, arguments.leak_tasks, 1, 0, queue_type=arguments.queue_type, skipped=not_run
+        )
+    header += [f"skipped {reason}" for reason in not_run]
     out: Path | None = arguments.out or (None if arguments.smoke else REPO / "docs" / "bench")
     if out is None:
         return

@@ -36,7 +36,10 @@ def draw(rows: list[Row], out: Path, suffix: str, subtitle: str) -> None:
     axes.set_xlim(0, max(rates) * 1.12)  # room for the value labels
     axes.invert_yaxis()
     axes.set_xlabel("tasks per second, draining pre-published tasks (median of runs)")
-    axes.set_title(f"Throughput, one worker process\n{subtitle}", fontsize=8)
+    axes.set_title(
+        f"Throughput, one worker command (one process unless its label says)\n{subtitle}",
+        fontsize=8,
+    )
     figure.tight_layout()
     figure.savefig(out / f"throughput{suffix}.png", dpi=110)
     plt.close(figure)

@@ -5,6 +5,10 @@ r"""The peers' completion marks: one fixed-width line per finished task.
 that threads and processes may share the file without tearing lines. The descriptor is opened
 once per process (again in a forked child). ``time.monotonic`` is system-wide on Linux, so the
 marks of several processes compare.
+
+:func:`mark_start` does the same for a task's start, to the file named by ``BENCH_START_FILE``
+when it is set (``bench.cold_start`` sets it; the throughput runs do not, and then it costs a
+test of a module global).
 """
 
 from __future__ import annotations
@@ -35,6 +39,20 @@ def _descriptor() -> int:
         return _fd
 
 
+_START_FILE = os.environ.get("BENCH_START_FILE")
+
+
 def mark() -> None:
     """Record that one task is done, with the time it finished."""
     os.write(_descriptor(), f"{time.monotonic():020.6f}\n".encode())
+
+
+def mark_start() -> None:
+    """Record that a task started, with the time, when ``BENCH_START_FILE`` is set."""
+    if _START_FILE is None:
+        return
+    fd = os.open(_START_FILE, os.O_APPEND | os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, f"{time.monotonic():020.6f}\n".encode())
+    finally:
+        os.close(fd)

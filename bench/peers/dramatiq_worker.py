@@ -1,9 +1,25 @@
 """Dramatiq peer: its ``RabbitmqBroker`` (pika) and ``dramatiq.Worker`` with 8 threads.
 
-Run as ``python -m bench.peers.dramatiq_worker`` (one OS process: the Worker is started
-in-process, not through the ``dramatiq`` CLI, which forks a supervisor and worker processes).
+Run as ``python -m bench.peers.dramatiq_worker [results]`` (one OS process: the Worker is
+started in-process, not through the ``dramatiq`` CLI, which forks a supervisor and worker
+processes). For several processes, Dramatiq's own way is its CLI:
+``python -m dramatiq bench.peers.dramatiq_worker:cli_setup --processes 2 --threads 8``
+(:func:`cli_setup` builds the broker in each process from the environment, with the variant
+in ``BENCH_PEER_VARIANT``): a main process that forks 2 worker processes, forwards SIGTERM
+to them and collects their logs through pipes (3 OS processes).
 
 Settings: Dramatiq's defaults except ``worker_threads=8`` (also Dramatiq's own default).
+
+- ``results``: the Results middleware on Redis (``RedisBackend`` on ``BENCH_REDIS_URL``, the
+  machine's Redis; keys under the namespace ``BENCH_RUN_ID``, the run's vhost; Dramatiq's
+  default result TTL of 10 minutes) and an actor with ``store_results=True`` that returns the
+  count. This is Dramatiq's nearest equivalent of our reports: after the actor returns, the
+  middleware stores the result in Redis (a pipelined DELETE, LPUSH and PEXPIRE), then the
+  message is acked. The completion line (:func:`bench.peers._done.mark`) is written by a
+  middleware hook that runs right after the store returns, so the bench times the variant by
+  the moment each result was readable. A fair reader should know: the result goes to Redis,
+  not through RabbitMQ, so the broker does no more work than without it; there is no
+  ``started`` equivalent.
 
 - Middleware: the default list (AgeLimit, TimeLimit, ShutdownNotifications, Callbacks,
   Pipelines, Retries). Dramatiq 2.x no longer adds its Prometheus middleware by default, so
@@ -24,12 +40,15 @@ On SIGTERM: ``worker.stop()`` (lets running messages finish, requeues prefetched
 ``broker.close()``. It takes about 2 s: the worker and consumer threads notice the stop at
 their next ``worker_timeout`` tick (1000 ms, Dramatiq's default), one after the other.
 
-``OUT_QUEUE_NAME`` is not used: Dramatiq sends no reports.
+``OUT_QUEUE_NAME`` is not used: Dramatiq sends no reports. Each task calls
+:func:`bench.peers._done.mark_start` (a no-op unless ``bench.cold_start`` set
+``BENCH_START_FILE``).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 import threading
@@ -37,28 +56,80 @@ from typing import Any
 
 import dramatiq
 from dramatiq.brokers.rabbitmq import RabbitmqBroker
+from dramatiq.middleware import Middleware
 
 from bench.peers import _common, _done
 
 ACTOR_NAME = "bench_count_words"
 WORKER_THREADS = 8
+VARIANTS = ("", "results")
 
 
 def _count_words(text: str) -> None:
     # Returns nothing: without the Results middleware Dramatiq logs a warning for every
     # actor that returns a value.
+    _done.mark_start()
     _common.count_words(text)
     _done.mark()
 
 
-def build(url: str, queue: str) -> tuple[RabbitmqBroker, dramatiq.Actor[[str], None]]:
-    """The broker and the actor on ``queue``."""
+def _count_words_with_result(text: str) -> int:
+    _done.mark_start()
+    return _common.count_words(text)
+
+
+class _MarkStored(Middleware):
+    """Writes the completion line once the Results middleware has stored the result.
+
+    Added before ``Results``: Dramatiq runs the ``after_*`` hooks in reverse order.
+    """
+
+    def after_process_message(
+        self, broker: Any, message: Any, *, result: Any = None, exception: Any = None
+    ) -> None:
+        if exception is None:
+            _done.mark()
+
+
+def _results_backend() -> Any:
+    from dramatiq.results import Results
+    from dramatiq.results.backends.redis import RedisBackend
+
+    backend = RedisBackend(
+        url=os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/0"),
+        namespace=os.environ.get("BENCH_RUN_ID", "bench-manual"),
+    )
+    return Results(backend=backend), Results
+
+
+def build(
+    url: str, queue: str, variant: str = ""
+) -> tuple[RabbitmqBroker, dramatiq.Actor[..., Any]]:
+    """The broker and the actor on ``queue`` (``results``: with the Results middleware)."""
+    if variant not in VARIANTS:
+        raise SystemExit(f"dramatiq_worker: unknown variant {variant!r}, not one of {VARIANTS}")
     broker = RabbitmqBroker(url=url)
+    options: dict[str, Any] = {}
+    if variant == "results":
+        results, results_type = _results_backend()
+        broker.add_middleware(results)
+        broker.add_middleware(_MarkStored(), before=results_type)
+        options["store_results"] = True
     dramatiq.set_broker(broker)
-    actor: dramatiq.Actor[[str], None] = dramatiq.actor(
-        broker=broker, queue_name=queue, actor_name=ACTOR_NAME
-    )(_count_words)
+    actor: dramatiq.Actor[..., Any] = dramatiq.actor(
+        broker=broker, queue_name=queue, actor_name=ACTOR_NAME, **options
+    )(_count_words_with_result if variant == "results" else _count_words)
     return broker, actor
+
+
+def cli_setup() -> None:
+    """For ``dramatiq bench.peers.dramatiq_worker:cli_setup``: the broker, from the environment."""
+    logging.getLogger("dramatiq").setLevel(_common.log_level())
+    build(
+        _common.env("BROKER_URL"),
+        _common.env("IN_QUEUE_NAME"),
+        os.environ.get("BENCH_PEER_VARIANT", ""),
+    )
 
 
 def publish(url: str, queue: str, count: int) -> None:
@@ -73,10 +144,12 @@ def publish(url: str, queue: str, count: int) -> None:
 
 def main(argv: list[str]) -> None:
     """Serve until SIGTERM or SIGINT."""
-    if argv:
-        raise SystemExit(f"dramatiq_worker takes no variant, got {argv}")
+    if len(argv) > 1 or (argv and argv[0] not in VARIANTS):
+        raise SystemExit("usage: python -m bench.peers.dramatiq_worker [results]")
     logging.basicConfig(level=_common.log_level())
-    broker, _ = build(_common.env("BROKER_URL"), _common.env("IN_QUEUE_NAME"))
+    broker, _ = build(
+        _common.env("BROKER_URL"), _common.env("IN_QUEUE_NAME"), argv[0] if argv else ""
+    )
     _common.env("BENCH_DONE_FILE")
     stop = threading.Event()
 

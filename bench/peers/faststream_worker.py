@@ -7,6 +7,15 @@ unacked, like a concurrency of 8; ``prefetch32`` likewise). One OS process:
 ``FastStream(broker).run()`` in-process (it handles SIGTERM/SIGINT itself), not the
 ``faststream run`` CLI.
 
+For several processes, FastStream's own way is its CLI:
+``python -m faststream run bench.peers.faststream_worker:cli_app --factory --workers 2``
+(:func:`cli_app` builds the app in each process from the environment, the variant in
+``BENCH_PEER_VARIANT``): a supervisor process that spawns the 2 workers (multiprocessing's
+``spawn``: each is a fresh interpreter that imports the app) and stops them on SIGTERM, so
+3 OS processes, plus multiprocessing's resource tracker. ``--log-level`` is not given (the
+app quiets the per-message log itself, as below); the CLI then takes uvloop, as this module
+does.
+
 For every task (JSON ``{"task_id": ..., "input": {"text": ...}}`` on ``IN_QUEUE_NAME``, validated
 into a pydantic model by FastStream): publish a ``started`` report, count the words, publish a
 ``success`` report (both JSON to ``OUT_QUEUE_NAME``, persistent, on the default exchange), mark
@@ -44,6 +53,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import sys
 from datetime import UTC, datetime
 from typing import Any
@@ -145,6 +155,20 @@ async def _publish(url: str, queue: str, count: int) -> None:
 def publish(url: str, queue: str, count: int) -> None:
     """Publish ``count`` JSON tasks with ``broker.publish`` (confirmed, 500 at a time)."""
     asyncio.run(_publish(url, queue, count))
+
+
+def cli_app() -> FastStream:
+    """For ``faststream run bench.peers.faststream_worker:cli_app --factory``: the app."""
+    variant = os.environ.get("BENCH_PEER_VARIANT") or "default"
+    if variant not in VARIANTS:
+        raise SystemExit(f"faststream_worker: BENCH_PEER_VARIANT {variant!r} is unknown")
+    return build(
+        _common.env("BROKER_URL"),
+        _common.env("IN_QUEUE_NAME"),
+        _common.env("OUT_QUEUE_NAME"),
+        VARIANTS[variant],
+        _common.env("BENCH_QUEUE_TYPE"),
+    )
 
 
 def main(argv: list[str]) -> None:

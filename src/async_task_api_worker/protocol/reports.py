@@ -6,6 +6,7 @@ terminal report (``success`` or ``failure``); ``started`` and ``progress`` may c
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Annotated, Any, Final, Literal
@@ -70,7 +71,9 @@ def format_timestamp(moment: datetime) -> str:
 
 
 class _ReportBase(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+    # The worker only builds reports (``model_construct``, which needs no validator); their
+    # validators are built on the first validation, by a consumer: not at every start.
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, defer_build=True)
 
     protocol_version: ProtocolVersion = PROTOCOL_VERSION
     task_id: _Identifier
@@ -133,12 +136,17 @@ class FailureReport(_ReportBase):
     error: ReportError
 
 
+AnyReport = StartedReport | ProgressReport | SuccessReport | FailureReport
 Report = Annotated[
     StartedReport | ProgressReport | SuccessReport | FailureReport, Field(discriminator="type")
 ]
-_REPORT_ADAPTER: TypeAdapter[StartedReport | ProgressReport | SuccessReport | FailureReport] = (
-    TypeAdapter(Report)
-)
+
+
+@functools.cache
+def _report_adapter() -> TypeAdapter[
+    StartedReport | ProgressReport | SuccessReport | FailureReport
+]:
+    return TypeAdapter(Report)
 
 
 @dataclass(frozen=True, slots=True)
@@ -263,6 +271,6 @@ def decode_report(body: bytes) -> StartedReport | ProgressReport | SuccessReport
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise ProtocolError(f"report is not UTF-8 JSON: {type(exc).__name__}") from exc
     try:
-        return _REPORT_ADAPTER.validate_python(document)
+        return _report_adapter().validate_python(document)
     except ValidationError as exc:
         raise ProtocolError(f"invalid report: {describe_validation_error(exc)}") from None
