@@ -199,14 +199,14 @@ class WorkerSettings(BaseSettings):
         if self.worker_processes > 1 and self.worker_mode is WorkerMode.JOB:
             # A job's quota, idle exit and exit code describe one process: the pod's.
             raise ValueError(
-                "WORKER_PROCESSES: job mode runs one process (its quota and exit code are the "
-                "pod's); set WORKER_PROCESSES=1 and run more jobs"
+                "WORKER_PROCESSES (--processes): job mode runs one process (its quota and exit "
+                "code are the pod's); run one process and more jobs"
             )
         if self.worker_processes > 1 and self.worker_transport is WorkerTransport.SQS_SFN:
             # One process clearing the task's protection would expose another's message.
             raise ValueError(
-                "WORKER_PROCESSES: sqs-sfn runs one process per ECS task (task protection is "
-                "task-wide); set WORKER_PROCESSES=1 and run more tasks"
+                "WORKER_PROCESSES (--processes): sqs-sfn runs one process per ECS task (task "
+                "protection is task-wide); run one process and more tasks"
             )
         return self
 
@@ -288,11 +288,17 @@ def load_settings(
     except ValidationError as exc:
         first = exc.errors(include_url=False, include_input=False)[0]
         name = ".".join(str(part) for part in first["loc"]).upper()
+        if name in _FLAG_OF:  # the flag may be what set it
+            name = f"{name} ({_FLAG_OF[name]})"
         more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
         rule = first["msg"].removeprefix("Value error, ")
         # A rule between settings names its variable itself ("SQS_QUEUE_URL: required ...").
         subject = f"{name}: {rule}" if name else rule
         raise SettingsError(f"invalid setting {subject}{more}") from None
+
+
+#: The command-line flags that set a variable, named with it in an error.
+_FLAG_OF: Final = {"WORKER_PROCESSES": "--processes"}
 
 
 def split_broker_urls(value: str) -> tuple[str, ...]:

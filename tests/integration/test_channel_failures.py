@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import pytest
 
@@ -48,14 +49,49 @@ async def test_a_closed_channel_is_reopened_and_the_consumer_restored(
     assert any("The consume channel closed" in r.getMessage() for r in caplog.records)
 
 
+class _Said(logging.Handler):
+    """Counts the transport's lines that contain ``text``, and wakes a waiter on each."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.text = text
+        self.count = 0
+        self.changed = asyncio.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.text in record.getMessage():
+            self.count += 1
+            self.changed.set()
+
+    async def reach(self, count: int) -> None:
+        while self.count < count:
+            self.changed.clear()
+            await self.changed.wait()
+
+
 async def test_a_channel_that_keeps_closing_stops_the_worker_with_failure(queues: Queues) -> None:
-    transport = transport_for(queues)
-    runner = Runner(worker, load_settings({}, read_environment=False), transport)
-    serving = asyncio.create_task(runner.serve())
-    while not transport.connected or transport._consume_channel is None:
-        await asyncio.sleep(0.01)
-    for closes in range(1, MAX_CHANNEL_FAILURES + 1):
-        await close_consume_channel(transport)
-        while len(transport._channel_failures) < closes:  # the broker's close has landed
+    # Each close waits for the reopen before the next, on the transport's own lines: a slow
+    # machine only makes it slower (the window, 60 s, is far from five reopens).
+    reopened = _Said("The consume channel reopened")
+    closed = _Said("The consume channel closed")
+    log = logging.getLogger("async_task_api_worker.transports.rabbitmq")
+    level = log.level
+    log.setLevel(logging.INFO)  # the reopen is said at INFO
+    log.addHandler(reopened)
+    log.addHandler(closed)
+    try:
+        transport = transport_for(queues)
+        runner = Runner(worker, load_settings({}, read_environment=False), transport)
+        serving = asyncio.create_task(runner.serve())
+        while not transport.connected or transport._consume_channel is None:
             await asyncio.sleep(0.01)
-    assert await asyncio.wait_for(serving, timeout=30) is ExitCode.FAILURE
+        for closes in range(1, MAX_CHANNEL_FAILURES + 1):
+            await close_consume_channel(transport)
+            await asyncio.wait_for(closed.reach(closes), timeout=30)
+            if closes < MAX_CHANNEL_FAILURES:
+                await asyncio.wait_for(reopened.reach(closes), timeout=30)
+        assert await asyncio.wait_for(serving, timeout=30) is ExitCode.FAILURE
+    finally:
+        log.setLevel(level)
+        log.removeHandler(reopened)
+        log.removeHandler(closed)

@@ -80,7 +80,7 @@ def test_the_flag_wins_over_the_variable(
     monkeypatch.setenv("WORKER_PROCESSES", variable)
     argv = ["check", TARGET] + ([] if flag is None else ["--processes", flag])
     assert main(argv) == 0
-    assert f"processes: {count} (WORKER_PROCESSES)" in capsys.readouterr().out
+    assert f"processes: {count} (--processes / WORKER_PROCESSES)" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("command", ["run", "check"])
@@ -108,7 +108,9 @@ def test_job_mode_and_sqs_sfn_refuse_several_processes_with_one_line(
         monkeypatch.setenv(name, value)
     assert main([command, TARGET, "--processes", "2"]) == ExitCode.CONFIG
     line = one_line(capsys.readouterr().err)
-    assert line.startswith("async-task-api-worker: invalid setting WORKER_PROCESSES: ")
+    assert line.startswith(
+        "async-task-api-worker: invalid setting WORKER_PROCESSES (--processes): "
+    )
     assert says in line
     # The same variable through the environment, and one process is fine.
     monkeypatch.setenv("WORKER_PROCESSES", "2")
@@ -122,7 +124,9 @@ def test_a_count_out_of_range_exits_2_with_one_line(
     capsys: pytest.CaptureFixture[str], count: str
 ) -> None:
     assert main(["run", TARGET, "--processes", count]) == ExitCode.CONFIG
-    assert "invalid setting WORKER_PROCESSES: Input should be" in one_line(capsys.readouterr().err)
+    assert "invalid setting WORKER_PROCESSES (--processes): Input should be" in one_line(
+        capsys.readouterr().err
+    )
 
 
 async def test_worker_run_and_serve_refuse_several_processes(
@@ -167,7 +171,7 @@ def test_check_prints_the_count_and_the_bound_it_computes(
     settings = load_settings({"worker_processes": 3})
     _, process_bound_s = shutdown_bounds(load_worker(TARGET), settings)
     bound_s = shutdown_bound_of(3, process_bound_s)
-    assert "processes: 3 (WORKER_PROCESSES) under a supervisor" in out
+    assert "processes: 3 (--processes / WORKER_PROCESSES) under a supervisor" in out
     assert "up to 12 tasks at once (3 x WORKER_CONCURRENCY 4)" in out
     assert f"shutdown bound: {bound_s:g} s after SIGTERM (a process's {process_bound_s:g} s" in out
     assert f"terminationGracePeriodSeconds: {math.ceil(bound_s) + 1}" in out

@@ -318,7 +318,7 @@ class Supervisor:
         if code in (0, -signal.SIGTERM):
             _logger.info("Worker %s (pid %d) stopped (%s)", slot.name, pid, _ending(code))
             return
-        _logger.warning("Worker %s (pid %d) stopped with %s", slot.name, pid, _ending(code))
+        _logger.warning("Worker %s (pid %d) ended: %s", slot.name, pid, _ending(code))
         self._code = max(
             self._code, ExitCode.CONFIG if code == ExitCode.CONFIG else ExitCode.FAILURE
         )
@@ -381,7 +381,7 @@ async def _supervise(
     )
     await start_probes(server, settings)
     _logger.info(
-        "Supervising %d worker processes (WORKER_PROCESSES); shutdown bound %g s",
+        "Supervising %d worker processes (--processes / WORKER_PROCESSES); shutdown bound %g s",
         settings.worker_processes,
         shutdown_bound_of(settings.worker_processes, process_bound_s),
     )

@@ -63,11 +63,11 @@ def check_command(target: str, *, processes: int | None = None) -> int:
         f" (5 s + {close_s - 5:g} s long poll)" if close_s > 5 else ""
     )
     if count == 1:
-        print("processes: 1 (WORKER_PROCESSES)")
+        print("processes: 1 (--processes / WORKER_PROCESSES)")
     else:
         print(
-            f"processes: {count} (WORKER_PROCESSES) under a supervisor, each with its own "
-            f"broker connection: up to {count * settings.worker_concurrency} tasks at once "
+            f"processes: {count} (--processes / WORKER_PROCESSES) under a supervisor, each with "
+            f"its own broker connection: up to {count * settings.worker_concurrency} tasks at once "
             f"({count} x WORKER_CONCURRENCY {settings.worker_concurrency})"
         )
     process_sum = (
