@@ -1,10 +1,9 @@
 """Publishing one delivery's reports, in order, each held until the broker confirms it.
 
-``started`` is confirmed while the handler runs: it goes out in the background
-(:meth:`DeliveryReporter.begin_started`), and the terminal report follows it on the wire without
-waiting for its confirm, so a task costs one confirm round trip, not two. The order on the wire
-never changes: a report is sent only once ``started`` is confirmed or on its way ahead of it,
-and a terminal report whose ``started`` was lost with it sends ``started`` again first.
+``started`` is confirmed while the handler runs (:meth:`DeliveryReporter.begin_started`), and the
+terminal report follows it on the wire without waiting for its confirm: one confirm round trip
+per task. A report goes out only once ``started`` is confirmed or on its way ahead of it, and a
+terminal report whose ``started`` was lost with it sends ``started`` again first.
 """
 
 from __future__ import annotations
@@ -163,8 +162,8 @@ class DeliveryReporter:
 
     def end_started(self) -> None:
         """Stop holding ``started``: the delivery is settled without a terminal report."""
-        if self._started is not None and not self._started.done():
-            self._started.cancel()
+        if self._started is not None:
+            self._started.cancel()  # a no-op once it is done
 
     async def publish_success(self, response: dict[str, Any]) -> bool:
         """Publish ``success``.
@@ -233,7 +232,8 @@ class DeliveryReporter:
         if not started.done():
             self._taken_over = True
             return True
-        return not started.cancelled() and started.result()
+        # Lost behind a terminal report (its channel closed): the next one carries it first.
+        return not started.cancelled() and (started.result() or self._taken_over)
 
     def _stopped(self) -> GiveUp | None:
         if self.delivery.cancel_token.cancelled:

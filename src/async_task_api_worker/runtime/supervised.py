@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator
 from typing import Final, Protocol
 
 from async_task_api_worker.errors import SettingsError
+from async_task_api_worker.runtime.signals import SUPERVISOR_GONE, drain_once_on
 
 __all__ = [
     "PROCESS_ENV",
@@ -79,8 +80,9 @@ def child_link() -> ChildLink | None:
 def become_child(link: ChildLink) -> socket.socket | None:
     """Make this process a supervised worker process.
 
-    It gets SIGTERM, and so drains, when its supervisor dies (Linux's ``PR_SET_PDEATHSIG``):
-    no worker process outlives a supervisor killed with SIGKILL. Its log records carry
+    It drains when its supervisor dies (Linux's ``PR_SET_PDEATHSIG``, with the signal of
+    ``runtime.signals.SUPERVISOR_GONE``, taken once): no worker process outlives a supervisor
+    killed with SIGKILL, and none loses its grace period to it. Its log records carry
     ``worker_process`` (``link.index``).
 
     Returns:
@@ -88,7 +90,8 @@ def become_child(link: ChildLink) -> socket.socket | None:
     """
     from async_task_api_worker.executors.process.group import die_with_parent
 
-    die_with_parent(signal.SIGTERM)
+    drain_once_on(SUPERVISOR_GONE)
+    die_with_parent(SUPERVISOR_GONE)
     if os.getppid() != link.supervisor_pid:  # it died before the request took hold
         return None
     # The link is this process's alone: a program a handler starts is no worker process.

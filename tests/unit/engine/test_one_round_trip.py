@@ -14,6 +14,7 @@ from pydantic import BaseModel
 
 from async_task_api_worker import TaskContext, Worker
 from async_task_api_worker.engine import Engine
+from async_task_api_worker.errors import MessageTooLargeError
 from async_task_api_worker.executors import InlineExecutor
 from async_task_api_worker.ports import Action, Delivery, Outcome
 from async_task_api_worker.protocol import EncodedReport
@@ -213,3 +214,46 @@ async def test_a_retry_settles_without_waiting_for_a_held_started() -> None:
     settlement = await engine_for(worker, transport).handle(deliver(transport))
     assert (settlement.outcome, settlement.action) == (Outcome.RETRY, Action.NACK_REQUEUE)
     assert settlement.requeue_counted is True
+
+
+class ClosesOnTooLarge(Watched):
+    """A broker whose channel closes on a report over ``limit`` bytes, with all unconfirmed.
+
+    The ``started`` ahead of the large report is lost with the channel (its confirm fails)
+    before the size refusal is raised, as RabbitMQ's channel close does.
+    """
+
+    def __init__(self, limit: int) -> None:
+        super().__init__()
+        self.limit = limit
+
+    async def publish(self, delivery: Delivery, report: EncodedReport) -> None:
+        if len(report.body) > self.limit:
+            self.release_confirms()  # the close fails every pending confirm...
+            await self.event("started-lost").wait()  # ...and the worker sees it first
+            raise MessageTooLargeError(f"message size {len(report.body)} > {self.limit}")
+        await super().publish(delivery, report)
+
+    async def _confirm(self, report: EncodedReport, *, refused: bool) -> None:
+        try:
+            await super()._confirm(report, refused=refused)
+        finally:
+            if refused and report.type == "started":
+                self.event("started-lost").set()
+
+
+async def test_a_result_too_large_fails_with_its_code_even_when_started_was_lost_with_it() -> None:
+    transport = ClosesOnTooLarge(limit=2048)
+    transport.hold_confirms()
+    transport.refuse_next_confirm("started")
+    worker = Worker("svc")
+
+    @worker.task(timeout=5)
+    async def handle(task_input: Input, ctx: TaskContext) -> Output:
+        return Output(text="x" * 5000)
+
+    settlement = await engine_for(worker, transport, **ROOM_TO_RETRY).handle(deliver(transport))
+    # The failure carries the lost started ahead of itself: no give-back, no second run.
+    assert (settlement.outcome, settlement.action) == (Outcome.FAILURE, Action.CONCLUDE)
+    assert settlement.code == "RESULT_TOO_LARGE"
+    assert types(transport) == ["started", "failure"]

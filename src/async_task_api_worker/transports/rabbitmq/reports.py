@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final
 
@@ -23,7 +24,7 @@ from async_task_api_worker.protocol.reports import EncodedReport
 from async_task_api_worker.transports.rabbitmq._errors import publish_errors, size_limit_of
 from async_task_api_worker.transports.rabbitmq.link import BrokerLink
 
-__all__ = ["REFUSALS_PER_CHANNEL", "REFUSALS_PER_CONNECTION", "ReportPublisher"]
+__all__ = ["REFUSALS_PER_CHANNEL", "REFUSALS_PER_CONNECTION", "ReportPublisher", "ReportTrail"]
 
 _logger = logging.getLogger("async_task_api_worker.transports.rabbitmq")
 
@@ -31,6 +32,29 @@ _logger = logging.getLogger("async_task_api_worker.transports.rabbitmq")
 #: before it goes out on a fresh connection.
 REFUSALS_PER_CHANNEL: Final = 3
 REFUSALS_PER_CONNECTION: Final = 9
+
+
+@dataclass(slots=True, eq=False)
+class ReportTrail:
+    """The last report sent for one delivery: on which channel, and its publish.
+
+    A channel that closes loses what was unconfirmed on it (the broker drops the frames that
+    follow the one it closed the channel for). So a delivery's next report may not go out on a
+    new channel before that one is confirmed: it would land without its predecessor (a
+    terminal report without its ``started``). Refused, it is tried again, behind the lost
+    report sent once more.
+    """
+
+    channel: object | None = None
+    report: EncodedReport | None = None
+    publishing: asyncio.Future[Any] | None = None
+
+    def allows(self, report: EncodedReport, channel: object) -> bool:
+        """Whether ``report`` may go out on ``channel`` now."""
+        if self.channel is None or self.channel is channel or report is self.report:
+            return True
+        sent = self.publishing
+        return sent is not None and sent.done() and not sent.cancelled() and not sent.exception()
 
 
 class ReportPublisher:
@@ -73,7 +97,9 @@ class ReportPublisher:
         """A channel with publisher confirms whose returns (unroutable reports) raise."""
         return await self._link.connection.channel(publisher_confirms=True, on_return_raises=True)
 
-    async def send(self, report: EncodedReport) -> Awaitable[None]:
+    async def send(
+        self, report: EncodedReport, trail: ReportTrail | None = None
+    ) -> Awaitable[None]:
         """Put ``report`` on its way to the output queue; the result waits for the confirm.
 
         Reports reach the broker in the order of their calls: this returns once the report
@@ -87,10 +113,16 @@ class ReportPublisher:
         channel is replaced (RabbitMQ 3.10 kept nacking a quorum queue's publishes on the same
         channel after the queue had room again) and then the connection.
 
+        Args:
+            report: the report.
+            trail: its delivery's :class:`ReportTrail`, which keeps a report from going out on
+                a new channel ahead of an earlier one lost with the old channel.
+
         Raises (from the call, or from awaiting its result):
             MessageTooLargeError: the broker refused the report for its size
                 (``max_message_size``); publishing it again cannot help.
-            PublishError: the broker did not confirm it (nack, return, lost channel).
+            PublishError: the broker did not confirm it (nack, return, lost channel), or an
+                earlier report of the delivery was lost with its channel (``trail``).
         """
         channel = self._channel
         properties = report.properties
@@ -115,6 +147,11 @@ class ReportPublisher:
                 # Reopening after a reconnect or a channel error: the message has not left.
                 await channel.ready()  # type: ignore[attr-defined]
             underlay = await channel.get_underlay_channel()
+            if trail is not None and not trail.allows(report, underlay):
+                raise PublishError(
+                    f"the {report.type} report waits: an earlier report of its delivery was "
+                    "not confirmed on a channel that has closed since"
+                )
             publishing = asyncio.ensure_future(
                 underlay.basic_publish(
                     report.body,
@@ -127,6 +164,8 @@ class ReportPublisher:
             # Its first step queues the frame, or queues it at aiormq's channel lock (first
             # come, first served): from then on, no later report can overtake it.
             await asyncio.sleep(0)
+            if trail is not None:
+                trail.channel, trail.report, trail.publishing = underlay, report, publishing
         return self._confirmed(publishing, report, channel)
 
     async def _confirmed(

@@ -27,7 +27,7 @@ import logging
 import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any, Final
 
@@ -50,7 +50,7 @@ from async_task_api_worker.transports.rabbitmq._errors import (
     settle_errors,
 )
 from async_task_api_worker.transports.rabbitmq.link import BrokerLink
-from async_task_api_worker.transports.rabbitmq.reports import ReportPublisher
+from async_task_api_worker.transports.rabbitmq.reports import ReportPublisher, ReportTrail
 from async_task_api_worker.transports.rabbitmq.topology import declare_queue, queue_type
 
 __all__ = ["RabbitMQTransport"]
@@ -67,6 +67,7 @@ CHANNEL_FAILURE_WINDOW_S: Final = 60.0
 class _Handle:
     message: AbstractIncomingMessage
     lost: bool = False
+    trail: ReportTrail = field(default_factory=ReportTrail)
 
 
 class _GaveUp:
@@ -364,7 +365,9 @@ class RabbitMQTransport(EnvelopeBodies):
         if delivery.handle is not None and delivery.handle.lost:
             # Its channel closed: the broker requeued it, and the next attempt will report.
             raise PublishError(f"the {report.type} report is for a delivery the broker requeued")
-        return await self._reports.send(report)
+        return await self._reports.send(
+            report, None if delivery.handle is None else delivery.handle.trail
+        )
 
     async def _settle(
         self,

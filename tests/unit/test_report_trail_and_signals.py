@@ -1,0 +1,72 @@
+"""A delivery's reports never land out of order across a reopened channel; a supervised
+process takes its supervisor's death as one drain request, however often Linux says it."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from datetime import UTC, datetime
+
+import pytest
+
+from async_task_api_worker.protocol.reports import StartedReport, SuccessReport, encode_report
+from async_task_api_worker.runtime import signals
+from async_task_api_worker.transports.rabbitmq.reports import ReportTrail
+
+FIELDS = {
+    "protocol_version": 1,
+    "task_id": "t-1",
+    "client_id": "c",
+    "service": "svc",
+    "attempt": 1,
+    "timestamp": datetime(2026, 12, 1, tzinfo=UTC).isoformat().replace("+00:00", ".000000Z"),
+}
+
+
+def reports() -> tuple[object, object]:
+    started = encode_report(StartedReport.model_construct(**FIELDS), seq=0)
+    success = encode_report(SuccessReport.model_construct(**FIELDS, response={}), seq=1)
+    return started, success
+
+
+async def test_a_report_waits_while_its_predecessor_is_unconfirmed_on_a_closed_channel() -> None:
+    started, success = reports()
+    old, new = object(), object()
+    loop = asyncio.get_running_loop()
+    pending: asyncio.Future[None] = loop.create_future()
+    trail = ReportTrail(channel=old, report=started, publishing=pending)  # type: ignore[arg-type]
+    assert trail.allows(success, old)  # behind it on the same channel: in order
+    assert not trail.allows(success, new)  # on a new channel it would land without it
+    assert trail.allows(started, new)  # the lost one itself goes again first
+    pending.set_exception(ConnectionError("channel closed"))
+    assert not trail.allows(success, new)  # lost: still not without it
+    confirmed: asyncio.Future[None] = loop.create_future()
+    confirmed.set_result(None)
+    trail.publishing = confirmed
+    assert trail.allows(success, new)  # confirmed: any channel will do
+
+
+async def test_the_supervisor_gone_signal_asks_for_one_drain_however_often_it_comes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(signals, "_ONCE", set())
+    signals.drain_once_on(signals.SUPERVISOR_GONE)
+    requests: list[str] = []
+    arrived = asyncio.Event()
+
+    def request(reason: str) -> None:
+        requests.append(reason)
+        arrived.set()
+
+    with signals.shutdown_on_signals(request):
+        os.kill(os.getpid(), signals.SUPERVISOR_GONE)
+        await arrived.wait()
+        os.kill(os.getpid(), signals.SUPERVISOR_GONE)  # Linux says it once per exiting thread
+        os.kill(os.getpid(), signal.SIGTERM)  # a real SIGTERM still counts, as a second one
+        while len(requests) < 2:
+            arrived.clear()
+            await arrived.wait()
+        for _ in range(10):
+            await asyncio.sleep(0)  # room for a third request, if one were made
+    assert requests == ["SIGUSR1: the supervisor is gone", "SIGTERM"]
