@@ -138,6 +138,33 @@ async def test_a_report_over_the_brokers_size_limit_is_one_result_too_large(
     assert "channel closed 5 times" not in case.worker.log()
 
 
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("node_310", [{"conf": {"max_message_size": "1048576"}}], indirect=True)
+async def test_reports_too_large_among_others_at_concurrency_32_cost_no_other_task(
+    node_310: Broker, markers: Path, tmp_path: Path, record: Any
+) -> None:
+    # Each oversized report closes the reports' channel, losing what was unconfirmed on it:
+    # other tasks' ``started`` sent behind it. Their terminal reports must carry them again,
+    # and the oversized ones still end as RESULT_TOO_LARGE, each handler run once.
+    env = {"WORKER_CONCURRENCY": "32"}
+    case = Case(node_310, "bigmix", markers, tmp_path, target="tests.faults.workers:quick", env=env)
+    case.worker.start()
+    big = await case.publish(6, {"size": 2_000_000}, service="quick")
+    small = await case.publish(18, {"size": 10}, service="quick")
+    counts = await case.settle(big + small, timeout_s=90)
+    record(
+        counts.row(
+            "2 MB results among small ones at concurrency 32, max_message_size 1 MiB",
+            broker=node_310.label,
+            measured="RESULT_TOO_LARGE 6, success 18, each handler run once",
+        )
+    )
+    counts.assert_intact()
+    assert counts.codes == {"RESULT_TOO_LARGE": 6, "success": 18}
+    assert counts.handler_runs == 24
+    assert "without started" not in case.worker.log()
+
+
 CONSUMER_TIMEOUT = {
     "conf": {"consumer_timeout": "20000"},
     "advanced_config": "[{rabbit, [{channel_tick_interval, 1000}]}].",

@@ -40,6 +40,16 @@ async def work(task_input: Input, ctx: TaskContext) -> Output:
     return Output(attempt=ctx.attempt, text="x" * task_input.size)
 
 
+quick = Worker("quick")
+
+
+@quick.task(timeout=60)
+async def answer(task_input: Input, ctx: TaskContext) -> Output:
+    """Answer at once, with ``size`` characters: the terminal report right behind ``started``."""
+    _mark(ctx)
+    return Output(attempt=ctx.attempt, text="x" * task_input.size)
+
+
 crashy = Worker("crashy")
 
 
