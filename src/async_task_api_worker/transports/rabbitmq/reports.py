@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final
@@ -20,6 +20,7 @@ import aiormq
 from aio_pika.abc import AbstractChannel
 
 from async_task_api_worker.errors import MessageTooLargeError, PublishError
+from async_task_api_worker.protocol.codes import ReportType
 from async_task_api_worker.protocol.reports import EncodedReport
 from async_task_api_worker.transports.rabbitmq._errors import publish_errors, size_limit_of
 from async_task_api_worker.transports.rabbitmq.link import BrokerLink
@@ -36,13 +37,14 @@ REFUSALS_PER_CONNECTION: Final = 9
 
 @dataclass(slots=True, eq=False)
 class ReportTrail:
-    """The last report sent for one delivery: on which channel, and its publish.
+    """The ``started`` report sent for one delivery: on which channel, and its publish.
 
     A channel that closes loses what was unconfirmed on it (the broker drops the frames that
-    follow the one it closed the channel for). So a delivery's next report may not go out on a
-    new channel before that one is confirmed: it would land without its predecessor (a
-    terminal report without its ``started``). Refused, it is tried again, behind the lost
-    report sent once more.
+    follow the one it closed the channel for). So a delivery's later report may not go out on
+    a new channel before its ``started`` is confirmed: it would land without it. Refused, it
+    is tried again, behind ``started`` sent once more (the engine's reporter sends a lost
+    ``started`` again ahead of the terminal report). Only ``started`` is tracked: it is the
+    one report that the engine sends again for another.
     """
 
     channel: object | None = None
@@ -139,7 +141,24 @@ class ReportPublisher:
             timestamp=datetime.fromtimestamp(properties.timestamp_s, UTC),
             app_id=properties.app_id,
         )
-        async with self._order, self._refusal(report, channel):
+        async with self._order:
+            try:
+                publishing, underlay = await self._place(report, amqp_properties, channel, trail)
+            except PublishError as exc:
+                raise await self._refusal(exc, report, channel) from exc.__cause__
+            if trail is not None and report.type is ReportType.STARTED:
+                trail.channel, trail.report, trail.publishing = underlay, report, publishing
+        return self._confirmed(publishing, report, channel)
+
+    async def _place(
+        self,
+        report: EncodedReport,
+        amqp_properties: aiormq.spec.Basic.Properties,
+        channel: AbstractChannel | None,
+        trail: ReportTrail | None,
+    ) -> tuple[asyncio.Future[Any], object]:
+        """Queue ``report``'s frame on the channel: its publish, and the channel it is on."""
+        with publish_errors(f"the {report.type} report"):
             if channel is None:
                 raise ConnectionError("not connected")
             await self._link.wait_unblocked()  # never into a socket the broker ignores
@@ -164,42 +183,40 @@ class ReportPublisher:
             # Its first step queues the frame, or queues it at aiormq's channel lock (first
             # come, first served): from then on, no later report can overtake it.
             await asyncio.sleep(0)
-            if trail is not None:
-                trail.channel, trail.report, trail.publishing = underlay, report, publishing
-        return self._confirmed(publishing, report, channel)
+        return publishing, underlay
 
     async def _confirmed(
-        self, publishing: asyncio.Future[Any], report: EncodedReport, channel: AbstractChannel
+        self,
+        publishing: asyncio.Future[Any],
+        report: EncodedReport,
+        channel: AbstractChannel | None,
     ) -> None:
         try:
-            async with self._refusal(report, channel):
+            with publish_errors(f"the {report.type} report"):
                 await publishing
+        except PublishError as exc:
+            raise await self._refusal(exc, report, channel) from exc.__cause__
         except BaseException:
             publishing.cancel()
             raise
         self._refusals = 0
 
-    @contextlib.asynccontextmanager
     async def _refusal(
-        self, report: EncodedReport, channel: AbstractChannel | None
-    ) -> AsyncIterator[None]:
-        """Translate a refusal of ``report``: its size, an unroutable return, a nack."""
-        try:
-            with publish_errors(f"the {report.type} report"):
-                yield
-        except PublishError as exc:
-            cause = exc.__cause__
-            limit = size_limit_of(cause)
-            if limit is not None and len(report.body) > limit:
-                raise MessageTooLargeError(str(cause)) from cause
-            if isinstance(cause, aiormq.exceptions.PublishError) and channel is not None:
-                # Returned as unroutable: the output queue is gone. Declare it again so
-                # that the engine's next try can succeed.
-                with contextlib.suppress(Exception):
-                    await channel.declare_queue(self._out_queue, durable=True)
-            if isinstance(cause, aiormq.exceptions.DeliveryError):
-                self._refused()
-            raise
+        self, exc: PublishError, report: EncodedReport, channel: AbstractChannel | None
+    ) -> PublishError:
+        """What a refusal of ``report`` is: too large for the broker, or a refusal (counted)."""
+        cause = exc.__cause__
+        limit = size_limit_of(cause)
+        if limit is not None and len(report.body) > limit:
+            return MessageTooLargeError(str(cause))
+        if isinstance(cause, aiormq.exceptions.PublishError) and channel is not None:
+            # Returned as unroutable: the output queue is gone. Declare it again so that the
+            # engine's next try can succeed.
+            with contextlib.suppress(Exception):
+                await channel.declare_queue(self._out_queue, durable=True)
+        if isinstance(cause, aiormq.exceptions.DeliveryError):
+            self._refused()
+        return exc
 
     def _refused(self) -> None:
         """Count a ``basic.nack``; replace the channel, then the connection, when they pile up."""
