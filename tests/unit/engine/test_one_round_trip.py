@@ -13,15 +13,12 @@ import pytest
 from pydantic import BaseModel
 
 from async_task_api_worker import TaskContext, Worker
-from async_task_api_worker.engine import Engine
 from async_task_api_worker.errors import MessageTooLargeError
-from async_task_api_worker.executors import InlineExecutor
 from async_task_api_worker.ports import Action, Delivery, Outcome
 from async_task_api_worker.protocol import EncodedReport
-from async_task_api_worker.settings import load_settings
 from async_task_api_worker.transports.memory import InMemoryTransport
+from tests.unit.engine.test_pushback import deliver, engine_for
 
-BODY = b'{"protocol_version":1,"task_id":"t-1","client_id":"c","service":"svc","input":{}}'
 #: A hold with room for a retry (the last try starts 0.5 s before the hold ends).
 ROOM_TO_RETRY = {"worker_consumer_timeout_s": 3.0, "worker_consumer_timeout_check_interval_s": 0.5}
 SHORT_HOLD = {"worker_consumer_timeout_s": 1.0, "worker_consumer_timeout_check_interval_s": 0.5}
@@ -48,19 +45,6 @@ class Watched(InMemoryTransport):
     async def publish(self, delivery: Delivery, report: EncodedReport) -> None:
         await super().publish(delivery, report)
         self.event(report.type).set()
-
-
-def engine_for(worker: Worker, transport: InMemoryTransport, **settings: object) -> Engine:
-    return Engine(
-        worker, load_settings(settings, read_environment=False), transport, InlineExecutor()
-    )
-
-
-def deliver(transport: InMemoryTransport) -> Delivery:
-    transport.put(BODY)
-    delivery = transport.take()
-    assert delivery is not None
-    return delivery
 
 
 def quick_worker(calls: list[str]) -> Worker:
