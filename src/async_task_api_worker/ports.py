@@ -190,6 +190,10 @@ class Transport(Protocol):
 
     Every method raises only :class:`~async_task_api_worker.errors.TransportError` subclasses
     (the adapter maps its client library's exceptions, keeping them as ``__cause__``).
+
+    A settle (:meth:`ack`, :meth:`requeue`, :meth:`reject`) and :meth:`release` are taken
+    when called: if their awaiter is cancelled, the transport still finishes them. The engine
+    settles in the delivery's own task, with no shield of its own (``engine.settlement``).
     """
 
     @property

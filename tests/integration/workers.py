@@ -13,7 +13,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from async_task_api_worker import RetryableError, SyncTaskContext, TaskContext, Worker
+from async_task_api_worker import FatalError, RetryableError, SyncTaskContext, TaskContext, Worker
 
 
 class Input(BaseModel):
@@ -168,4 +168,25 @@ async def block_the_loop() -> None:
 @blocking_stop.task(timeout=5)
 async def answer_at_once(task_input: Input, ctx: TaskContext) -> Output:
     """Answer with the attempt."""
+    return Output(attempt=ctx.attempt)
+
+
+class Choice(BaseModel):
+    """What the ``mixed`` handler does: answer, fail for good, or fail for now."""
+
+    outcome: str = "ok"
+
+
+mixed = Worker("mixed")
+
+
+@mixed.task(timeout=30)
+async def do_as_told(task_input: Choice, ctx: TaskContext) -> Output:
+    """Answer, raise a ``FatalError`` or a ``RetryableError``, as the input says."""
+    _mark(ctx)
+    await asyncio.sleep(0.001 * (hash(ctx.task_id) % 20))  # out of order, as real work ends
+    if task_input.outcome == "fail":
+        raise FatalError("BAD_INPUT", "Told to fail.")
+    if task_input.outcome == "retry":
+        raise RetryableError("UPSTREAM_DOWN", "Told to retry.")
     return Output(attempt=ctx.attempt)

@@ -141,7 +141,6 @@ class Engine:
         self._handed_out = handed_out
         self._never = StopSignal()
         self._settler = Settler(transport, self._service, self._notify, monotonic)
-        self._settling: set[asyncio.Future[Settlement]] = set()
 
     @property
     def task_timeout_s(self) -> float:
@@ -170,7 +169,7 @@ class Engine:
             verdict = await self._process(run, stop)
         except asyncio.CancelledError:
             given_back = Verdict(Outcome.CANCELLED, Action.NACK_REQUEUE)
-            await self._settle_shielded(run, given_back, arrived_at)
+            await self._settler.settle(run, given_back, arrived_at)
             raise
         except Exception as exc:
             _logger.error(
@@ -180,7 +179,7 @@ class Engine:
                 extra={"task_id": run.task_id},
             )
             verdict = Verdict(Outcome.ENGINE_ERROR, Action.NACK_REQUEUE, counted=True)
-        return await self._settle_shielded(run, verdict, arrived_at)
+        return await self._settler.settle(run, verdict, arrived_at)
 
     async def settle(
         self, run: DeliveryReporter, verdict: Verdict, arrived_at: float
@@ -189,7 +188,7 @@ class Engine:
 
         For a face that decides its verdicts itself, as the ``tick`` command does.
         """
-        return await self._settle_shielded(run, verdict, arrived_at)
+        return await self._settler.settle(run, verdict, arrived_at)
 
     async def report_result(
         self,
@@ -230,19 +229,9 @@ class Engine:
             run.limit = delivery_limit
         run.seq = 1  # after the ``started`` report of the hand-off
         verdict = await report_conclusion(run, conclusion)
-        return await self._settle_shielded(
+        return await self._settler.settle(
             run, replace(verdict, action=Action.NONE, reason=reason), arrived_at
         )
-
-    async def _settle_shielded(
-        self, run: DeliveryReporter, verdict: Verdict, arrived_at: float
-    ) -> Settlement:
-        # A cancel that lands during the settle must not cut it in half: the broker call and
-        # the decision line finish in the background, and the cancel still propagates.
-        settling = asyncio.ensure_future(self._settler.settle(run, verdict, arrived_at))
-        self._settling.add(settling)
-        settling.add_done_callback(self._settling.discard)
-        return await asyncio.shield(settling)
 
     def reporter_for(
         self, delivery: Delivery, arrived_at: float, stop: StopSignal | None = None

@@ -1,14 +1,14 @@
-"""Running one handler call as its own task, stoppable by a shutdown or a delivery cancel."""
+"""Running one handler call, stoppable by a shutdown, a delivery cancel or a lost report."""
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from async_task_api_worker.conclusion import ExecutionResult
 from async_task_api_worker.context import bind_task_fields
+from async_task_api_worker.engine.waits import CutShort, until_cut
 from async_task_api_worker.ports import CancelToken, ExecutionRequest, Executor, Outcome
 
 __all__ = ["StopSignal", "Stopped", "execute"]
@@ -50,9 +50,9 @@ async def execute(
 ) -> ExecutionResult | Stopped:
     """Run ``request`` through ``executor`` and say how it ended.
 
-    The call runs as its own task, so that a shutdown abort, a delivery cancel or a report
-    that gave up (``report_gave_up``: ``started`` could not get out) stops the handler alone;
-    a cancel of the caller's own task still propagates.
+    A shutdown abort, a delivery cancel or a report that gave up (``report_gave_up``:
+    ``started`` could not get out) stops the handler alone, and says so; a cancel of the
+    caller's own task still propagates.
 
     Raises:
         asyncio.CancelledError: the calling task itself was cancelled.
@@ -60,37 +60,16 @@ async def execute(
             file...): not the task's failure, so the engine gives the delivery back
             (``engine_error``) instead of reporting one.
     """
+    stoppers: dict[CancelToken | None, Outcome] = {
+        stop.aborted: Outcome.SHUTDOWN_REQUEUED,
+        delivery_cancel: Outcome.CANCELLED,
+    }
+    if report_gave_up is not None:
+        stoppers[report_gave_up] = Outcome.PUBLISH_FAILED
+    # In this task, not one of its own: the handler's log records carry the task fields, and a
+    # stop cancels the executor's await here (``engine.waits``).
     with bind_task_fields(task_fields):
-        # The task copies the context here, so the handler's log records carry the fields.
-        execution = asyncio.ensure_future(executor.execute(request))
-    stopped_by: list[Outcome] = []
-
-    def stopper(outcome: Outcome) -> Callable[[], None]:
-        def stop_execution() -> None:
-            if not execution.done():
-                stopped_by.append(outcome)
-                execution.cancel()
-
-        return stop_execution
-
-    remove_abort = stop.aborted.add_callback(stopper(Outcome.SHUTDOWN_REQUEUED))
-    remove_cancel = delivery_cancel.add_callback(stopper(Outcome.CANCELLED))
-    remove_gave_up = (
-        report_gave_up.add_callback(stopper(Outcome.PUBLISH_FAILED))
-        if report_gave_up is not None
-        else None
-    )
-    try:
-        return await execution
-    except asyncio.CancelledError:
-        current = asyncio.current_task()
-        if stopped_by and not (current is not None and current.cancelling()):
-            return Stopped(stopped_by[0])
-        raise
-    finally:
-        remove_abort()
-        remove_cancel()
-        if remove_gave_up is not None:
-            remove_gave_up()
-        if not execution.done():
-            execution.cancel()
+        result = await until_cut(executor.execute(request), None, *stoppers)
+    if isinstance(result, CutShort):
+        return Stopped(stoppers[result.by])
+    return result

@@ -11,6 +11,7 @@ failure, and giving a delivery back when its report could not get out.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -145,8 +146,15 @@ class Settler:
     ) -> Settlement:
         """Settle the delivery with the broker and log the decision: once per delivery.
 
-        Never raises: a settle the broker did not take is logged and counted, and the
-        settlement says ``settled=False`` (the broker will deliver it again).
+        Never raises but ``asyncio.CancelledError``: a settle the broker did not take is logged
+        and counted, and the settlement says ``settled=False`` (the broker will deliver it
+        again). A cancel of the caller does not cut the settle in half: the transport finishes
+        a settle and a release whose awaiter is cancelled (the port's rule), and the decision
+        line and the metrics are written before the cancel goes on.
+
+        Raises:
+            asyncio.CancelledError: the caller was cancelled while the broker call or the
+                release was awaited.
         """
         if run.delivery.cancel_token.cancelled and verdict.outcome is not Outcome.SHUTDOWN_REQUEUED:
             # The transport withdrew it (the broker requeued it already): whatever got as far
@@ -163,6 +171,7 @@ class Settler:
             poison_reason=verdict.poison_reason,
             reason=verdict.reason,
         )
+        cut: asyncio.CancelledError | None = None
         try:
             if verdict.action is Action.NACK_REQUEUE:
                 await self._transport.requeue(run.delivery, count_attempt=verdict.counted)
@@ -170,6 +179,8 @@ class Settler:
                 await self._transport.reject(run.delivery)
             elif verdict.action is not Action.NONE:
                 await self._transport.ack(run.delivery)
+        except asyncio.CancelledError as exc:
+            cut = exc  # the call was made, and stands
         except Exception as exc:
             # SettleError is the adapter's word for it; anything else is an adapter bug, but the
             # delivery is as unsettled either way, and the worker must go on.
@@ -195,8 +206,12 @@ class Settler:
         )
         try:
             await self._transport.release(run.delivery)
+        except asyncio.CancelledError as exc:
+            cut = cut or exc
         except Exception as exc:  # the contract says it never raises: an adapter bug, logged
             _logger.error(
                 "The transport failed to release a delivery (%s)", exception_type_name(exc)
             )
+        if cut is not None:
+            raise cut
         return settlement

@@ -85,9 +85,10 @@ class SlowAckTransport(InMemoryTransport):
         self.release_ack = asyncio.Event()
 
     async def ack(self, delivery: Delivery) -> None:
+        # Taken when called, then slow to come back (the port's rule for a settle).
+        await super().ack(delivery)
         self.ack_started.set()
         await self.release_ack.wait()
-        await super().ack(delivery)
 
 
 async def test_a_cancel_during_the_ack_still_settles_and_logs_once(

@@ -8,6 +8,7 @@ broker refuses and when.
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 from pydantic import BaseModel
@@ -241,3 +242,33 @@ async def test_a_result_too_large_fails_with_its_code_even_when_started_was_lost
     assert (settlement.outcome, settlement.action) == (Outcome.FAILURE, Action.CONCLUDE)
     assert settlement.code == "RESULT_TOO_LARGE"
     assert types(transport) == ["started", "failure"]
+
+
+async def test_a_delivery_runs_as_two_tasks_besides_its_own() -> None:
+    """The lean path: ``started`` held in the background and the handler; nothing else.
+
+    Waits, stops and the settle run in the delivery's own task (``engine.waits``), so a
+    successful task costs no task per report, per stop signal or per settle.
+    """
+    transport = InMemoryTransport()
+    engine = engine_for(quick_worker([]), transport)
+    loop = asyncio.get_running_loop()
+    created: list[str] = []
+    default_factory = loop.get_task_factory()
+
+    def counting_factory(
+        event_loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any
+    ) -> asyncio.Future[Any]:
+        created.append(coro.__qualname__)
+        if default_factory is not None:
+            return default_factory(event_loop, coro, **kwargs)
+        return asyncio.Task(coro, loop=event_loop, **kwargs)
+
+    delivery = deliver(transport)
+    loop.set_task_factory(counting_factory)  # type: ignore[arg-type]
+    try:
+        settlement = await engine.handle(delivery)
+    finally:
+        loop.set_task_factory(default_factory)
+    assert (settlement.outcome, settlement.action) == (Outcome.SUCCESS, Action.ACK)
+    assert sorted(created) == ["DeliveryReporter._hold_started", "_call"]

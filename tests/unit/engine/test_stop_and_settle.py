@@ -415,7 +415,8 @@ async def test_an_executor_that_fails_itself_gives_the_delivery_back_without_a_f
     settlement = await engine.handle(deliver(transport))
     assert (settlement.outcome, settlement.action) == (Outcome.ENGINE_ERROR, Action.NACK_REQUEUE)
     assert settlement.requeue_counted  # a broken executor cannot loop a task forever
-    assert [report.report.type for report in transport.published] == ["started"]
+    # No terminal report: another attempt reports (``started`` may or may not have gone out).
+    assert {report.report.type for report in transport.published} <= {"started"}
     assert "OSError" in caplog.text
 
 

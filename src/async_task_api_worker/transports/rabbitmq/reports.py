@@ -13,7 +13,7 @@ import logging
 from collections.abc import Awaitable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Final
+from typing import Any, Final, cast
 
 import aio_pika
 import aiormq
@@ -172,12 +172,15 @@ class ReportPublisher:
                     "not confirmed on a channel that has closed since"
                 )
             publishing = asyncio.ensure_future(
-                underlay.basic_publish(
+                cast("aiormq.Channel", underlay).basic_publish(
                     report.body,
                     exchange="",
                     routing_key=self._out_queue,
                     properties=amqp_properties,
                     mandatory=True,
+                    # Queued, not drained: the channel's lock is let go as soon as the frame
+                    # holds its place, and the confirm is what the caller waits for.
+                    wait=False,
                 )
             )
             # Its first step queues the frame, or queues it at aiormq's channel lock (first

@@ -11,7 +11,8 @@ RabbitMQ behaviours it follows (checked on 3.10 and documented for 4.x):
   ``redelivered``: a redelivery without the header has an unknown count.
 - A failed attempt is settled with ``basic.reject(requeue=True)``, a give-back with
   ``basic.nack(requeue=True)``: from RabbitMQ 4.3 only the first counts towards the delivery
-  limit (before 4.3 both do). ``multiple`` is never used.
+  limit (before 4.3 both do). Settles are sent together at the end of the event loop's turn,
+  and acks of consecutive delivery tags as one ``basic.ack(multiple=True)`` (``acks``).
 - When a channel closes (connection loss, consumer timeout, a precondition failure) the broker
   requeues its unacked deliveries itself. Their handlers are cancelled, since another attempt
   is already on its way, and they are never acked or nacked on the reopened channel (their
@@ -26,7 +27,7 @@ import contextlib
 import logging
 import re
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any, Final
@@ -49,6 +50,7 @@ from async_task_api_worker.transports.rabbitmq._errors import (
     refused,
     settle_errors,
 )
+from async_task_api_worker.transports.rabbitmq.acks import ChannelSettles, Settle
 from async_task_api_worker.transports.rabbitmq.link import BrokerLink
 from async_task_api_worker.transports.rabbitmq.reports import ReportPublisher, ReportTrail
 from async_task_api_worker.transports.rabbitmq.topology import declare_queue, queue_type
@@ -65,8 +67,10 @@ CHANNEL_FAILURE_WINDOW_S: Final = 60.0
 
 @dataclass(slots=True, eq=False)
 class _Handle:
-    message: AbstractIncomingMessage
+    tag: int
+    settles: ChannelSettles
     lost: bool = False
+    settled: bool = False
     trail: ReportTrail = field(default_factory=ReportTrail)
 
 
@@ -165,6 +169,7 @@ class RabbitMQTransport(EnvelopeBodies):
         self._stopping = False
         self._channel_failures: list[float] = []
         self._channel_open = True
+        self._settles: ChannelSettles | None = None
 
     # ------------------------------------------------------------------ connecting
 
@@ -263,15 +268,19 @@ class RabbitMQTransport(EnvelopeBodies):
             yield item
 
     async def _on_message(self, message: AbstractIncomingMessage) -> None:
+        try:
+            handle = _Handle(message.delivery_tag or 0, self._settles_of(message.channel))
+            handle.settles.received(handle.tag)
+        except Exception:  # its channel closed already: the broker requeued it
+            return
         if self._stopping:
             # It arrived after the consumer was cancelled: never started, so give it back
             # without burning an attempt.
             with contextlib.suppress(Exception):
-                await message.nack(requeue=True)
+                await handle.settles.settle(handle.tag, Settle.NACK_REQUEUE)
             return
         try:
             headers = dict(message.headers or {})
-            handle = _Handle(message)
             delivery = Delivery(
                 body=message.body,
                 headers=headers,
@@ -284,10 +293,17 @@ class RabbitMQTransport(EnvelopeBodies):
             # until the broker's consumer timeout.
             _logger.exception("A delivery could not be read; it is given back")
             with contextlib.suppress(Exception):
-                await message.nack(requeue=True)
+                await handle.settles.settle(handle.tag, Settle.NACK_REQUEUE)
             return
         self._in_flight[id(handle)] = delivery
         self._inbox.put_nowait(delivery)
+
+    def _settles_of(self, channel: object) -> ChannelSettles:
+        # Delivery tags belong to one channel, and start at 1 again on a reopened one.
+        settles = self._settles
+        if settles is None or settles.channel is not channel:
+            settles = self._settles = ChannelSettles(channel)
+        return settles
 
     def _on_consume_channel_closed(self, _sender: object, exc: BaseException | None) -> None:
         try:
@@ -369,20 +385,21 @@ class RabbitMQTransport(EnvelopeBodies):
             report, None if delivery.handle is None else delivery.handle.trail
         )
 
-    async def _settle(
-        self,
-        delivery: Delivery,
-        what: str,
-        operation: Callable[[AbstractIncomingMessage], Awaitable[None]],
-    ) -> None:
+    async def _settle(self, delivery: Delivery, settle: Settle) -> None:
+        """Settle at once (``acks``: sent at the end of this turn, even if the caller is cut)."""
         handle: _Handle = delivery.handle
         self._in_flight.pop(id(handle), None)
+        what = "reject" if settle is Settle.REJECT_REQUEUE else settle.value
         if handle.lost:
             raise SettleError(
                 f"the delivery's channel closed before the {what}; the broker requeued it"
             )
+        if handle.settled:
+            # A second settle of a tag would close the channel (PRECONDITION_FAILED).
+            raise SettleError(f"the delivery was settled already; the {what} is not sent")
+        handle.settled = True
         with settle_errors(f"the {what}"):
-            await operation(handle.message)
+            await handle.settles.settle(handle.tag, settle)
 
     async def ack(self, delivery: Delivery) -> None:
         """``basic.ack``: the delivery is done.
@@ -390,7 +407,7 @@ class RabbitMQTransport(EnvelopeBodies):
         Raises:
             SettleError: the channel closed (the broker requeued it), or the ack failed.
         """
-        await self._settle(delivery, "ack", lambda message: message.ack())
+        await self._settle(delivery, Settle.ACK)
 
     async def requeue(self, delivery: Delivery, *, count_attempt: bool) -> None:
         """``basic.reject(requeue=True)`` for a failed attempt, ``basic.nack`` for a give-back.
@@ -398,10 +415,9 @@ class RabbitMQTransport(EnvelopeBodies):
         Raises:
             SettleError: the channel closed (the broker requeued it), or the call failed.
         """
-        if count_attempt:
-            await self._settle(delivery, "reject", lambda message: message.reject(requeue=True))
-        else:
-            await self._settle(delivery, "nack", lambda message: message.nack(requeue=True))
+        await self._settle(
+            delivery, Settle.REJECT_REQUEUE if count_attempt else Settle.NACK_REQUEUE
+        )
 
     async def reject(self, delivery: Delivery) -> None:
         """``basic.reject(requeue=False)``: dead-lettered where the queue has a DLX.
@@ -409,7 +425,7 @@ class RabbitMQTransport(EnvelopeBodies):
         Raises:
             SettleError: the channel closed (the broker requeued it), or the reject failed.
         """
-        await self._settle(delivery, "reject", lambda message: message.reject(requeue=False))
+        await self._settle(delivery, Settle.REJECT)
 
     async def close(self) -> None:
         """Close both connections (at most 5 s each, at once); idempotent."""

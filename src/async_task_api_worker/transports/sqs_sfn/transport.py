@@ -309,11 +309,12 @@ class SqsSfnTransport:
             self._receiver = Receiver(sqs, self._pool, self._wait_s, self._stop_requested)
         return self._receiver
 
-    def _keep(self, work: Coroutine[Any, Any, None]) -> None:
+    def _keep(self, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         """Run ``work`` to its end in the background; :meth:`close` waits for it."""
         task = asyncio.ensure_future(work)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+        return task
 
     async def _give_back_picked(
         self, message: Mapping[str, Any], picking: asyncio.Future[Delivery | None]
@@ -523,7 +524,8 @@ class SqsSfnTransport:
         """
         token = _handle(delivery).read.token
         if token is not None:
-            await self._hand_back_token(token)
+            # Finished even if its awaiter is cancelled (the port's rule for settles).
+            await asyncio.shield(self._keep(self._hand_back_token(token)))
 
     async def _hand_back_token(self, token: str) -> None:
         _, sfn, _ = self._ensure_clients()
@@ -546,6 +548,10 @@ class SqsSfnTransport:
         self._in_hand.discard(delivery)
         if handle.read.token is not None:
             self._tokens_in_hand.discard(handle.read.token)
+        # Finished even if its awaiter is cancelled (the port's rule for a release).
+        await asyncio.shield(self._keep(self._let_go(handle)))
+
+    async def _let_go(self, handle: _Handle) -> None:
         if not handle.deleted and self._sqs is not None and not self._closed:
             with contextlib.suppress(QueueRefusedError):
                 handle.deleted = await self._delete(
