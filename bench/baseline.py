@@ -10,11 +10,9 @@ the repository's root with ``BROKER_URL``, ``IN_QUEUE_NAME`` and ``OUT_QUEUE_NAM
   ``started``'s confirm, and the ack waits for both confirms, so a task costs one confirm
   round trip. Both publishes go out on one channel in order: aiormq writes a publish's frames
   under the channel's lock, which is first come first served, and ``started``'s publish is
-  scheduled first. Publishes and acks queue their frames without waiting for the socket
-  (aiormq's ``wait=False``). This is what our worker does.
+  scheduled first. This is what our worker does.
 - ``serial``: the old loop, which awaits ``started``'s confirm before it counts the words and
-  publishes ``success`` (two confirm round trips per task), through aio-pika's own publish and
-  ack (each waits until its frame is written).
+  publishes ``success`` (two confirm round trips per task).
 - ``uvloop``: the same loop on uvloop.
 - ``once``: a one-shot job (``bench.cold_start``): prefetch 1, exit 0 after the first task is
   acked, as our worker's job mode does with ``WORKER_JOB_MAX_DELIVERIES=1``.
@@ -76,10 +74,8 @@ async def main(words: set[str]) -> None:
     import asyncio
     import json
     from datetime import UTC, datetime
-    from typing import cast
 
     import aio_pika
-    import aiormq
 
     once = "once" in words
     overlap = "serial" not in words
@@ -90,7 +86,6 @@ async def main(words: set[str]) -> None:
     in_queue = await consume.declare_queue(os.environ["IN_QUEUE_NAME"], durable=True)
     out_name = os.environ["OUT_QUEUE_NAME"]
     await publish.declare_queue(out_name, durable=True)
-    underlay = cast("aiormq.Channel", await publish.get_underlay_channel())
     stop = asyncio.Event()
 
     async def report(envelope: dict[str, object], kind: str, **more: object) -> None:
@@ -110,19 +105,7 @@ async def main(words: set[str]) -> None:
             delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
             type=kind,
         )
-        if not overlap:
-            await publish.default_exchange.publish(message, routing_key=out_name)
-            return
-        # The frame is queued without waiting for the socket (aiormq's ``wait=False``), as our
-        # worker does: the channel's lock is let go at once, and the confirm is awaited.
-        await underlay.basic_publish(
-            message.body,
-            exchange="",
-            routing_key=out_name,
-            properties=message.properties,
-            mandatory=True,
-            wait=False,
-        )
+        await publish.default_exchange.publish(message, routing_key=out_name)
 
     async def handle(message: aio_pika.abc.AbstractIncomingMessage) -> None:
         envelope = json.loads(message.body)
@@ -135,10 +118,7 @@ async def main(words: set[str]) -> None:
             await report(envelope, "started")
             words = len(str(envelope["input"]["text"]).split())
             await report(envelope, "success", response={"words": words})
-        if overlap:
-            await message.channel.basic_ack(message.delivery_tag or 0, wait=False)
-        else:
-            await message.ack()
+        await message.ack()
         if once:
             stop.set()
 

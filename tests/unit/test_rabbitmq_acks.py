@@ -76,22 +76,21 @@ def test_a_nack_between_acks_goes_alone_and_never_inside_a_multiple() -> None:
 
 
 class RecordingChannel:
-    """Records the settle frames as aiormq would queue them (``wait=False``)."""
+    """Records the settle frames as aiormq's channel would write them."""
 
     def __init__(self, *, fail: bool = False) -> None:
         self.frames: list[tuple[str, int, bool]] = []
         self.fail = fail
 
-    async def basic_ack(self, tag: int, *, multiple: bool, wait: bool) -> None:
-        assert wait is False
+    async def basic_ack(self, tag: int, *, multiple: bool) -> None:
         if self.fail:
             raise ConnectionError("channel closed")
         self.frames.append(("ack", tag, multiple))
 
-    async def basic_nack(self, tag: int, *, requeue: bool, wait: bool) -> None:
+    async def basic_nack(self, tag: int, *, requeue: bool) -> None:
         self.frames.append(("nack", tag, requeue))
 
-    async def basic_reject(self, tag: int, *, requeue: bool, wait: bool) -> None:
+    async def basic_reject(self, tag: int, *, requeue: bool) -> None:
         self.frames.append(("reject", tag, requeue))
 
 

@@ -10,9 +10,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from async_task_api_worker.errors import BrokerUnavailableError
+from async_task_api_worker.errors import BrokerUnavailableError, PublishError
 from async_task_api_worker.observability.redaction import redact_url
 from async_task_api_worker.transports.rabbitmq import RabbitMQTransport
+from async_task_api_worker.transports.rabbitmq._errors import publish_errors
 from async_task_api_worker.transports.rabbitmq.link import with_heartbeat
 from async_task_api_worker.transports.rabbitmq.topology import inequivalent_argument
 from async_task_api_worker.transports.rabbitmq.transport import delivery_count_of
@@ -151,3 +152,15 @@ def test_an_inequivalent_argument_reply_is_read_back_whatever_the_names(
 def test_any_reply_is_read_without_raising(reply: str) -> None:
     named = inequivalent_argument(reply)
     assert named is None or isinstance(named[0], str)
+
+
+def test_a_confirm_failed_with_a_bare_exception_is_a_publish_error_not_an_engine_error() -> None:
+    """aiormq fails the futures pending on a channel it closes with a bare ``Exception``.
+
+    Unmapped, it became an engine error that burned an attempt; it is a confirm that never
+    came, so the report is held and tried again.
+    """
+    with pytest.raises(PublishError, match="its channel closed"), publish_errors("the report"):
+        raise Exception
+    with pytest.raises(TypeError), publish_errors("the report"):
+        raise TypeError("a bug of ours stays a bug")

@@ -79,6 +79,12 @@ def _translated(error: type[PublishError | SettleError], what: str, failed: str)
         yield
     except _BROKER_FAILURES as exc:
         raise error(f"{what} {failed}: {type(exc).__name__}") from exc
+    except Exception as exc:
+        if type(exc) is not Exception:
+            raise
+        # aiormq fails the futures still pending on a channel it closes with a bare Exception
+        # (FutureStore.reject_all(None)): a confirm that never came, not a bug of ours.
+        raise error(f"{what} {failed}: its channel closed") from exc
 
 
 def publish_errors(what: str) -> AbstractContextManager[None]:

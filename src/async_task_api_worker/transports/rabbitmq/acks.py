@@ -88,8 +88,10 @@ class ChannelSettles:
 
     Args:
         channel: the channel's AMQP client object, with ``basic_ack``, ``basic_nack`` and
-            ``basic_reject`` (aiormq's, whose ``wait=False`` queues the frame without waiting
-            for the socket).
+            ``basic_reject`` (aiormq's). Frames are sent one at a time, each awaited until it is
+            written: the connection's write queue holds 10 frames, and a frame parked on a full
+            queue of a connection that drops is never woken (a written frame's wait is failed
+            when its channel closes).
     """
 
     def __init__(self, channel: Any) -> None:
@@ -114,7 +116,7 @@ class ChannelSettles:
         """Take the settle of ``tag`` now; it is sent at the end of this turn of the loop.
 
         Returns:
-            A future that resolves once its frame is queued on the connection, or fails with
+            A future that resolves once its frame is written to the connection, or fails with
             the client's error (the channel closed...). Cancelling it does not take the
             settle back.
         """
@@ -157,12 +159,12 @@ class ChannelSettles:
     async def _send(self, frame: Frame) -> BaseException | None:
         try:
             if frame.settle is Settle.ACK:
-                await self.channel.basic_ack(frame.tag, multiple=frame.multiple, wait=False)
+                await self.channel.basic_ack(frame.tag, multiple=frame.multiple)
             elif frame.settle is Settle.NACK_REQUEUE:
-                await self.channel.basic_nack(frame.tag, requeue=True, wait=False)
+                await self.channel.basic_nack(frame.tag, requeue=True)
             else:
                 await self.channel.basic_reject(
-                    frame.tag, requeue=frame.settle is Settle.REJECT_REQUEUE, wait=False
+                    frame.tag, requeue=frame.settle is Settle.REJECT_REQUEUE
                 )
         except Exception as exc:
             return exc

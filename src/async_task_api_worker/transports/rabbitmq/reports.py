@@ -13,7 +13,7 @@ import logging
 from collections.abc import Awaitable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Final, cast
+from typing import Any, Final
 
 import aio_pika
 import aiormq
@@ -172,15 +172,15 @@ class ReportPublisher:
                     "not confirmed on a channel that has closed since"
                 )
             publishing = asyncio.ensure_future(
-                cast("aiormq.Channel", underlay).basic_publish(
+                underlay.basic_publish(
                     report.body,
                     exchange="",
                     routing_key=self._out_queue,
                     properties=amqp_properties,
                     mandatory=True,
-                    # Queued, not drained: the channel's lock is let go as soon as the frame
-                    # holds its place, and the confirm is what the caller waits for.
-                    wait=False,
+                    # Drained, not just queued (aiormq's wait=True): the connection's write
+                    # queue holds 10 frames, and a publish parked on it when the connection
+                    # drops is never woken, holding the channel's lock for every later report.
                 )
             )
             # Its first step queues the frame, or queues it at aiormq's channel lock (first
