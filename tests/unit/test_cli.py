@@ -156,6 +156,22 @@ def test_dev_stops_on_sigterm_even_while_stdin_stays_open(
     assert '"type":"success"' in stdout.getvalue()
 
 
+def test_dev_stopped_early_says_what_never_started_and_still_exits_1_for_a_refused_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    read_end, write_end = os.pipe()
+    os.write(write_end, b'not json\n{"text": "one"}\n{"text": "two"}\n{"text": "three"}\n')
+    monkeypatch.setattr(sys, "stdout", SignallingStdout())
+    monkeypatch.setenv("WORKER_CONCURRENCY", "1")
+    with os.fdopen(read_end) as stdin:
+        monkeypatch.setattr(sys, "stdin", stdin)
+        assert main(["dev", "examples.count_words:worker"]) == 1
+        os.close(write_end)
+    err = capsys.readouterr().err
+    assert "line 1: not a JSON object task input" in err
+    assert "task(s) never started: the embedded broker keeps nothing once dev stops" in err
+
+
 def test_check_prints_the_budget_and_the_shutdown_bound(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

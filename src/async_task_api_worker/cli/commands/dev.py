@@ -59,7 +59,8 @@ async def _serve(worker: Worker, settings: WorkerSettings, source: IO[str]) -> i
     lines = _read_lines(source)
     with shutdown_on_signals(runner.request_shutdown):
         serving = asyncio.ensure_future(runner.serve())
-        reading = asyncio.ensure_future(_feed(worker, transport, lines))
+        refused: list[int] = []  # one entry per refused line, also when the input is cut short
+        reading = asyncio.ensure_future(_feed(worker, transport, lines, refused))
         closed = asyncio.ensure_future(printer.closed.wait())
         # Whichever comes first: the input ends, stdout goes away, or a signal stops the runner.
         await asyncio.wait({reading, closed, serving}, return_when=asyncio.FIRST_COMPLETED)
@@ -68,17 +69,28 @@ async def _serve(worker: Worker, settings: WorkerSettings, source: IO[str]) -> i
             if printer.closed.is_set():
                 runner.request_shutdown("stdout closed")
                 runner.request_shutdown("stdout closed")  # no grace: nobody sees the reports
-            await serving
+            code = await serving
             closed.cancel()
-            return ExitCode.OK
-        refused = reading.result()
+            _say_unstarted(transport)
+            return ExitCode.FAILURE if refused and code is ExitCode.OK else int(code)
         joined = asyncio.ensure_future(transport.join())
         await asyncio.wait({joined, closed, serving}, return_when=asyncio.FIRST_COMPLETED)
         joined.cancel()
         closed.cancel()
         runner.request_shutdown("the input ended")
         code = await serving
+        _say_unstarted(transport)
     return ExitCode.FAILURE if refused and code is ExitCode.OK else int(code)
+
+
+def _say_unstarted(transport: InMemoryTransport) -> None:
+    # The embedded broker lives in this process: what it still holds goes with it.
+    if transport.ready_count:
+        print(
+            f"{transport.ready_count} task(s) never started: the embedded broker keeps "
+            "nothing once dev stops",
+            file=sys.stderr,
+        )
 
 
 def _read_lines(source: IO[str]) -> asyncio.Queue[str | None]:
@@ -98,10 +110,12 @@ def _read_lines(source: IO[str]) -> asyncio.Queue[str | None]:
 
 
 async def _feed(
-    worker: Worker, transport: InMemoryTransport, lines: asyncio.Queue[str | None]
-) -> int:
-    """Queue one task per input line; returns how many lines were refused."""
-    refused = 0
+    worker: Worker,
+    transport: InMemoryTransport,
+    lines: asyncio.Queue[str | None],
+    refused: list[int],
+) -> None:
+    """Queue one task per input line; each refused line's number goes on ``refused``."""
     number = 0
     while (line := await lines.get()) is not None:
         number += 1
@@ -115,11 +129,10 @@ async def _feed(
                 task_input, service=worker.name, task_id=f"dev-{number}", client_id="dev"
             )
         except (ValueError, TypeError, ReportEncodeError) as exc:
-            refused += 1
+            refused.append(number)
             print(f"line {number}: not a JSON object task input ({exc})", file=sys.stderr)
             continue
         transport.put(body)
-    return refused
 
 
 def dev_command(target: str, path: str) -> int:
