@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 from pydantic import BaseModel
 
@@ -37,6 +37,9 @@ __all__ = [
     "progress_sink_of",
     "task_log_extra",
 ]
+
+
+_logger = logging.getLogger("async_task_api_worker.task")
 
 
 class ProgressDropReason(StrEnum):
@@ -141,12 +144,13 @@ class _ProgressGate:
     snapshot cannot change under the encoder if the handler keeps mutating its dict.
     """
 
-    __slots__ = ("_highest", "_loop", "sink")
+    __slots__ = ("_highest", "_loop", "_warned", "sink")
 
     def __init__(self, sink: ProgressSink, loop: asyncio.AbstractEventLoop | None) -> None:
         self.sink = sink
         self._loop = loop
         self._highest = 0.0
+        self._warned = False
 
     def submit(self, fraction: object, payload: object) -> None:
         """Check an update and hand the result to the sink, on the sink's loop."""
@@ -192,8 +196,28 @@ class _ProgressGate:
     def _deliver(self, result: ProgressUpdate | ProgressDropReason) -> None:
         if isinstance(result, ProgressUpdate):
             self.sink.offer(result)
-        else:
-            self.sink.drop(result)
+            return
+        hint = _REFUSED_CALLS.get(result)
+        if hint is not None and not self._warned:
+            # The call raises nothing (progress must never fail a task), so say it once.
+            self._warned = True
+            _logger.warning(
+                "A progress update was dropped (%s): %s; later ones of this task that are "
+                "dropped are only counted (worker_progress_dropped_total)",
+                result.value,
+                hint,
+            )
+        self.sink.drop(result)
+
+
+#: The updates refused for what the call passed, with what to do instead.
+_REFUSED_CALLS: Final = {
+    ProgressDropReason.OUT_OF_RANGE: "the fraction must be a finite number in [0, 1); the "
+    "terminal report is the 100 %, so return the result instead of ctx.progress(1.0)",
+    ProgressDropReason.BACKWARDS: "the fraction is below one this task already reported",
+    ProgressDropReason.INVALID_PAYLOAD: "the payload must be a JSON object (a dict or a "
+    "pydantic model) that canonical JSON can encode",
+}
 
 
 class _ContextBase:

@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 import signal
+import subprocess
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from async_task_api_worker.runtime.hooks import shutdown_bound_s
+from async_task_api_worker.runtime.signals import ECHO_WINDOW_S
 from async_task_api_worker.settings import load_settings
-from tests.integration.conftest import Queues, wait_for
+from tests.integration.conftest import REPO, Queues, wait_for
 from tests.integration.test_run_on_rabbitmq import calls
 
 
@@ -91,8 +98,11 @@ async def test_a_second_sigterm_ends_the_drain_at_once(
     async with queues.client("sleeping") as client:
         task_id = await client.submit({"seconds": 3600})
         wait_for(lambda: calls(markers, task_id) == [1], what="the handler to start")
+        first = time.monotonic()
         worker.signal(signal.SIGTERM)
         worker.wait_for_log("Waiting up to")
+        # A deliberate second signal: later than an echo of the first could be.
+        time.sleep(max(0.0, first + ECHO_WINDOW_S + 0.1 - time.monotonic()))
         signalled = time.monotonic()
         worker.signal(signal.SIGTERM)
         assert worker.wait(timeout_s=120) == 0
@@ -138,3 +148,84 @@ async def test_a_to_thread_thread_stuck_past_the_drain_exits_1_within_the_bound(
     assert worker.wait(timeout_s=120) == 1
     assert time.monotonic() - signalled < bound_for(1)
     assert f"started by the handler of task {task_id} (asyncio.to_thread)" in worker.log()
+
+
+class UnderUv:
+    """``uv run async-task-api-worker run TARGET`` in a session of its own, as a terminal runs
+    it: Ctrl-C is SIGINT to the whole process group (uv and the worker), and uv forwards it."""
+
+    def __init__(self, target: str, env: dict[str, str], logs: Path) -> None:
+        uv = shutil.which("uv")
+        if uv is None:
+            pytest.skip("uv is not on PATH")
+        self.log_path = logs / f"uv-{uuid.uuid4().hex[:6]}.log"
+        self._log = self.log_path.open("w")
+        self.process = subprocess.Popen(
+            [uv, "run", "--no-sync", "async-task-api-worker", "run", target],
+            cwd=REPO,
+            env=env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def log(self) -> str:
+        return self.log_path.read_text()
+
+    def ctrl_c(self) -> None:
+        os.killpg(self.process.pid, signal.SIGINT)
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait()
+        self._log.close()
+
+
+async def test_ctrl_c_under_uv_run_lets_the_task_finish_and_exits_0(
+    queues: Queues, markers: Path, tmp_path: Path
+) -> None:
+    worker = UnderUv(
+        "tests.integration.workers:sleeping",
+        queues.env(ATW_TEST_MARKERS=str(markers), WORKER_SHUTDOWN_GRACE_S="60"),
+        tmp_path,
+    )
+    try:
+        wait_for(lambda: "Connected to" in worker.log(), what="the worker to connect")
+        async with queues.client("sleeping") as client:
+            task_id = await client.submit({"seconds": 3})
+            wait_for(lambda: calls(markers, task_id) == [1], what="the handler to start")
+            worker.ctrl_c()
+            assert worker.process.wait(timeout=120) == 0
+            reports = [r async for r in client.reports(task_id)]
+    finally:
+        worker.close()
+    assert [r.type for r in reports] == ["started", "success"]  # finished, not given back
+    assert "Second shutdown request" not in worker.log()
+    queues.assert_drained(queues.in_queue)
+
+
+async def test_two_deliberate_ctrl_c_under_uv_run_end_the_grace_period(
+    queues: Queues, markers: Path, tmp_path: Path
+) -> None:
+    worker = UnderUv(
+        "tests.integration.workers:sleeping",
+        queues.env(ATW_TEST_MARKERS=str(markers), WORKER_SHUTDOWN_GRACE_S="600"),
+        tmp_path,
+    )
+    try:
+        wait_for(lambda: "Connected to" in worker.log(), what="the worker to connect")
+        async with queues.client("sleeping") as client:
+            task_id = await client.submit({"seconds": 3600})
+            wait_for(lambda: calls(markers, task_id) == [1], what="the handler to start")
+            worker.ctrl_c()
+            wait_for(lambda: "Waiting up to" in worker.log(), what="the drain to start")
+            time.sleep(1.0)  # a person's second Ctrl-C, a second later
+            signalled = time.monotonic()
+            worker.ctrl_c()
+            assert worker.process.wait(timeout=120) == 0
+            assert time.monotonic() - signalled < bound_for(0)  # the grace no longer counts
+    finally:
+        worker.close()
+    assert "Second shutdown request" in worker.log()
+    queues.assert_counts(queues.in_queue, (1, 0))  # given back for another worker

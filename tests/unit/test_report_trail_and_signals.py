@@ -4,6 +4,7 @@ process takes its supervisor's death as one drain request, however often Linux s
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
 from datetime import UTC, datetime
@@ -70,3 +71,44 @@ async def test_the_supervisor_gone_signal_asks_for_one_drain_however_often_it_co
         for _ in range(10):
             await asyncio.sleep(0)  # room for a third request, if one were made
     assert requests == ["SIGUSR1: the supervisor is gone", "SIGTERM"]
+
+
+async def test_the_same_signal_again_within_the_echo_window_is_the_same_request() -> None:
+    """A terminal's Ctrl-C plus its forwarding by ``uv run``: one request, not two."""
+    requests: list[str] = []
+    counted, echoed = asyncio.Event(), asyncio.Event()
+    now = [100.0]
+
+    def request(reason: str) -> None:
+        requests.append(reason)
+        counted.set()
+
+    class Echoes(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if "the same request" in record.getMessage():
+                echoed.set()
+
+    async def send(number: signal.Signals, *, echo: bool) -> None:
+        waited = echoed if echo else counted
+        waited.clear()
+        os.kill(os.getpid(), number)
+        await asyncio.wait_for(waited.wait(), timeout=5)
+
+    runtime_logger = logging.getLogger("async_task_api_worker.runtime")
+    handler = Echoes()
+    runtime_logger.addHandler(handler)
+    previous_level = runtime_logger.level
+    runtime_logger.setLevel(logging.INFO)
+    try:
+        with signals.shutdown_on_signals(request, clock=lambda: now[0]):
+            await send(signal.SIGINT, echo=False)
+            await send(signal.SIGINT, echo=True)  # the launcher's copy, at the same instant
+            now[0] += signals.ECHO_WINDOW_S - 0.01
+            await send(signal.SIGINT, echo=True)  # still within the window of the counted one
+            now[0] += 0.02  # a deliberate second Ctrl-C, just past the window
+            await send(signal.SIGINT, echo=False)
+            await send(signal.SIGTERM, echo=False)  # another signal is never an echo
+    finally:
+        runtime_logger.removeHandler(handler)
+        runtime_logger.setLevel(previous_level)
+    assert requests == ["SIGINT", "SIGINT", "SIGTERM"]

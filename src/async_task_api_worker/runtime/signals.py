@@ -1,5 +1,11 @@
 """SIGTERM and SIGINT ask the runner to drain; a second signal ends the grace period.
 
+A signal that comes again within :data:`ECHO_WINDOW_S` of its last counted arrival is an echo
+of the same request, not a second one: a terminal's Ctrl-C reaches every process of the
+foreground group, and ``uv run`` (like other launchers) forwards it to the worker once more, so
+the worker sees two SIGINTs a few milliseconds apart. A person's deliberate second Ctrl-C
+comes later, and still ends the grace period.
+
 A supervised worker process (``runtime.supervised``) also drains when its supervisor dies.
 Linux tells it with ``PR_SET_PDEATHSIG``, which fires once per exiting thread of the
 supervisor (each in turn becomes the parent): so that signal is one of its own,
@@ -11,11 +17,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import signal
+import time
 from collections.abc import Callable, Iterator
 from typing import Final
 
-__all__ = ["SUPERVISOR_GONE", "drain_once_on", "shutdown_on_signals"]
+__all__ = ["ECHO_WINDOW_S", "SUPERVISOR_GONE", "drain_once_on", "shutdown_on_signals"]
+
+_logger = logging.getLogger("async_task_api_worker.runtime")
+
+#: The same signal again within this many seconds of its last counted arrival is the same
+#: request (a launcher forwarding a terminal's signal), not a second one.
+ECHO_WINDOW_S: Final = 0.5
 
 _SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
@@ -31,16 +45,36 @@ def drain_once_on(number: signal.Signals) -> None:
 
 
 @contextlib.contextmanager
-def shutdown_on_signals(request_shutdown: Callable[[str], None]) -> Iterator[None]:
+def shutdown_on_signals(
+    request_shutdown: Callable[[str], None], *, clock: Callable[[], float] = time.monotonic
+) -> Iterator[None]:
     """Call ``request_shutdown(signal_name)`` on SIGTERM/SIGINT while in the ``with`` block.
 
     The handlers run on the event loop (``loop.add_signal_handler``), never in the middle of
-    the engine's code; the previous handlers are restored afterwards. A signal given to
-    :func:`drain_once_on` calls it on its first arrival only.
+    the engine's code; the previous handlers are restored afterwards. The same signal again
+    within :data:`ECHO_WINDOW_S` seconds (on ``clock``) of its last counted arrival is logged
+    and not counted. A signal given to :func:`drain_once_on` calls it on its first arrival only.
     """
     loop = asyncio.get_running_loop()
+    counted_at: dict[signal.Signals, float] = {}
+
+    def on_signal(number: signal.Signals) -> None:
+        now = clock()
+        last = counted_at.get(number)
+        if last is not None and now - last < ECHO_WINDOW_S:
+            _logger.info(
+                "%s again %.0f ms later: the same request (a launcher such as uv run forwards "
+                "a terminal's signal); send it again after %g s to end the grace period",
+                number.name,
+                (now - last) * 1000,
+                ECHO_WINDOW_S,
+            )
+            return
+        counted_at[number] = now
+        request_shutdown(number.name)
+
     for number in _SIGNALS:
-        loop.add_signal_handler(number, request_shutdown, signal.Signals(number).name)
+        loop.add_signal_handler(number, on_signal, signal.Signals(number))
     once = tuple(_ONCE)
     arrived: set[signal.Signals] = set()
 

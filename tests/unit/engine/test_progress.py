@@ -79,6 +79,40 @@ async def test_a_step_back_and_out_of_range_updates_are_dropped_not_raised() -> 
     assert dropped(harness) == Counter({"backwards": 1, "out_of_range": 5, "invalid_payload": 1})
 
 
+@pytest.mark.parametrize("kind", ["async", "def"])
+async def test_a_refused_progress_call_logs_one_warning_per_task_with_what_to_do(
+    kind: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    worker = Worker("svc")
+    if kind == "async":
+
+        @worker.task(timeout=5)
+        async def handle(task_input: Input, ctx: TaskContext) -> Output:
+            await ctx.progress(1.0)  # the natural "done" call
+            await ctx.progress(2.0)
+            await ctx.progress(0.5, payload=["not", "an", "object"])  # type: ignore[arg-type]
+            return Output()
+
+    else:
+
+        @worker.task(timeout=5)
+        def handle_in_a_thread(task_input: Input, ctx: SyncTaskContext) -> Output:
+            ctx.progress(1.0)
+            ctx.progress(2.0)
+            return Output()
+
+    caplog.set_level("WARNING", logger="async_task_api_worker.task")
+    async with WorkerHarness(worker) as harness:
+        first = await harness.submit({})
+        second = await harness.submit({})
+    first.assert_succeeded()
+    second.assert_succeeded()
+    warnings = [r for r in caplog.records if "progress update was dropped" in r.getMessage()]
+    assert len(warnings) == 2  # one per task, however many calls it made
+    assert "(out_of_range)" in warnings[0].getMessage()
+    assert "return the result instead of ctx.progress(1.0)" in warnings[0].getMessage()
+
+
 class _SignallingTransport(InMemoryTransport):
     """Sets an event when a progress report is confirmed."""
 
