@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
 import subprocess
 import time
 import uuid
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from async_task_api_worker.client import TaskClient
 from async_task_api_worker.runtime.hooks import shutdown_bound_s
 from async_task_api_worker.runtime.signals import ECHO_WINDOW_S
 from async_task_api_worker.settings import load_settings
@@ -182,24 +185,31 @@ class UnderUv:
         self._log.close()
 
 
-async def test_ctrl_c_under_uv_run_lets_the_task_finish_and_exits_0(
-    queues: Queues, markers: Path, tmp_path: Path
-) -> None:
-    worker = UnderUv(
-        "tests.integration.workers:sleeping",
-        queues.env(ATW_TEST_MARKERS=str(markers), WORKER_SHUTDOWN_GRACE_S="60"),
-        tmp_path,
-    )
+@contextlib.asynccontextmanager
+async def sleeping_task_under_uv(
+    queues: Queues, markers: Path, logs: Path, *, grace_s: int, seconds: int
+) -> AsyncIterator[tuple[UnderUv, TaskClient, str]]:
+    """The ``sleeping`` worker under ``uv run``, with one task of ``seconds`` running."""
+    env = queues.env(ATW_TEST_MARKERS=str(markers), WORKER_SHUTDOWN_GRACE_S=str(grace_s))
+    worker = UnderUv("tests.integration.workers:sleeping", env, logs)
     try:
         wait_for(lambda: "Connected to" in worker.log(), what="the worker to connect")
         async with queues.client("sleeping") as client:
-            task_id = await client.submit({"seconds": 3})
+            task_id = await client.submit({"seconds": seconds})
             wait_for(lambda: calls(markers, task_id) == [1], what="the handler to start")
-            worker.ctrl_c()
-            assert worker.process.wait(timeout=120) == 0
-            reports = [r async for r in client.reports(task_id)]
+            yield worker, client, task_id
     finally:
         worker.close()
+
+
+async def test_ctrl_c_under_uv_run_lets_the_task_finish_and_exits_0(
+    queues: Queues, markers: Path, tmp_path: Path
+) -> None:
+    running = sleeping_task_under_uv(queues, markers, tmp_path, grace_s=60, seconds=3)
+    async with running as (worker, client, task_id):
+        worker.ctrl_c()
+        assert worker.process.wait(timeout=120) == 0
+        reports = [r async for r in client.reports(task_id)]
     assert [r.type for r in reports] == ["started", "success"]  # finished, not given back
     assert "Second shutdown request" not in worker.log()
     queues.assert_drained(queues.in_queue)
@@ -208,24 +218,14 @@ async def test_ctrl_c_under_uv_run_lets_the_task_finish_and_exits_0(
 async def test_two_deliberate_ctrl_c_under_uv_run_end_the_grace_period(
     queues: Queues, markers: Path, tmp_path: Path
 ) -> None:
-    worker = UnderUv(
-        "tests.integration.workers:sleeping",
-        queues.env(ATW_TEST_MARKERS=str(markers), WORKER_SHUTDOWN_GRACE_S="600"),
-        tmp_path,
-    )
-    try:
-        wait_for(lambda: "Connected to" in worker.log(), what="the worker to connect")
-        async with queues.client("sleeping") as client:
-            task_id = await client.submit({"seconds": 3600})
-            wait_for(lambda: calls(markers, task_id) == [1], what="the handler to start")
-            worker.ctrl_c()
-            wait_for(lambda: "Waiting up to" in worker.log(), what="the drain to start")
-            time.sleep(1.0)  # a person's second Ctrl-C, a second later
-            signalled = time.monotonic()
-            worker.ctrl_c()
-            assert worker.process.wait(timeout=120) == 0
-            assert time.monotonic() - signalled < bound_for(0)  # the grace no longer counts
-    finally:
-        worker.close()
+    running = sleeping_task_under_uv(queues, markers, tmp_path, grace_s=600, seconds=3600)
+    async with running as (worker, _, _):
+        worker.ctrl_c()
+        wait_for(lambda: "Waiting up to" in worker.log(), what="the drain to start")
+        time.sleep(1.0)  # a person's second Ctrl-C, a second later
+        signalled = time.monotonic()
+        worker.ctrl_c()
+        assert worker.process.wait(timeout=120) == 0
+        assert time.monotonic() - signalled < bound_for(0)  # the grace no longer counts
     assert "Second shutdown request" in worker.log()
     queues.assert_counts(queues.in_queue, (1, 0))  # given back for another worker

@@ -28,12 +28,22 @@ __all__ = ["ChannelSettles", "Frame", "Settle", "plan"]
 
 
 class Settle(Enum):
-    """A settle of one delivery."""
+    """A settle of one delivery: its AMQP method, and whether the broker requeues it."""
 
-    ACK = "ack"
-    NACK_REQUEUE = "nack"
-    REJECT_REQUEUE = "reject-requeue"
-    REJECT = "reject"
+    ACK = ("ack", False)
+    NACK_REQUEUE = ("nack", True)
+    REJECT_REQUEUE = ("reject", True)
+    REJECT = ("reject", False)
+
+    @property
+    def method(self) -> str:
+        """``ack``, ``nack`` or ``reject`` (``basic.<method>``)."""
+        return str(self.value[0])
+
+    @property
+    def requeue(self) -> bool:
+        """The ``requeue`` flag of a nack or reject."""
+        return bool(self.value[1])
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,9 +173,7 @@ class ChannelSettles:
             elif frame.settle is Settle.NACK_REQUEUE:
                 await self.channel.basic_nack(frame.tag, requeue=True)
             else:
-                await self.channel.basic_reject(
-                    frame.tag, requeue=frame.settle is Settle.REJECT_REQUEUE
-                )
+                await self.channel.basic_reject(frame.tag, requeue=frame.settle.requeue)
         except Exception as exc:
             return exc
         return None

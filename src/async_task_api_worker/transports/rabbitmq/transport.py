@@ -389,7 +389,7 @@ class RabbitMQTransport(EnvelopeBodies):
         """Settle at once (``acks``: sent at the end of this turn, even if the caller is cut)."""
         handle: _Handle = delivery.handle
         self._in_flight.pop(id(handle), None)
-        what = "reject" if settle is Settle.REJECT_REQUEUE else settle.value
+        what = settle.method
         if handle.lost:
             raise SettleError(
                 f"the delivery's channel closed before the {what}; the broker requeued it"
