@@ -23,6 +23,7 @@ from types import TracebackType
 from typing import Any
 
 from async_task_api_worker.errors import ProtocolError
+from async_task_api_worker.observability import tracing
 from async_task_api_worker.protocol.encoding import canonical_dumps
 from async_task_api_worker.protocol.envelope import PROTOCOL_VERSION, InputRef
 from async_task_api_worker.protocol.reports import (
@@ -157,8 +158,18 @@ class TaskClient:
             input_refs=input_refs,
         )
         self._inboxes.setdefault(task_id, asyncio.Queue())
-        await self._producer.publish(body, message_id=task_id)
+        # A ``send`` span: the worker's spans of the task are its children.
+        with tracing.sending(self, task_id) as headers:
+            await self._producer.publish(body, message_id=task_id, headers=headers)
         return task_id
+
+    def span_attributes(self, delivery: None) -> Mapping[str, str]:
+        """The input queue, for the ``send`` span of :meth:`submit` (``observability.tracing``)."""
+        return {
+            "messaging.system": "rabbitmq",
+            "messaging.destination.name": self._producer.in_queue,
+            "messaging.rabbitmq.destination.routing_key": self._producer.in_queue,
+        }
 
     async def publish_raw(self, body: bytes) -> None:
         """Publish ``body`` to the input queue as it is (a hand-made or poison message).

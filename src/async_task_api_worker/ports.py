@@ -235,6 +235,16 @@ class Transport(Protocol):
         """
         ...
 
+    def span_attributes(self, delivery: Delivery | None) -> Mapping[str, str | int]:
+        """The messaging attributes of a trace span (``observability.tracing``).
+
+        Of consuming ``delivery`` (its ``process`` and settle spans), or, for ``None``, of
+        publishing a report (its ``send`` span): ``messaging.system``,
+        ``messaging.destination.name`` (the queue), and the system's own
+        (``messaging.rabbitmq.message.delivery_tag``). Asked only when a span records.
+        """
+        ...
+
     async def release(self, delivery: Delivery) -> None:
         """Forget ``delivery``: the engine settled it, whatever the action (``none`` too).
 

@@ -46,6 +46,7 @@ from async_task_api_worker.errors import (
     TaskTimeoutError,
     is_well_formed,
 )
+from async_task_api_worker.observability import tracing
 from async_task_api_worker.observability.redaction import exception_type_name, safe_traceback
 from async_task_api_worker.protocol.codes import ErrorCode
 from async_task_api_worker.protocol.envelope import (
@@ -96,6 +97,8 @@ class TaskFields:
         attempt: this delivery's attempt, from 1.
         delivery_limit: the attempts the task gets (under the queue's counting rule).
         input_refs: the envelope's input references.
+        trace: the delivery's trace context (``traceparent``, ``tracestate``), which a child
+            process continues (``observability.tracing``); empty when nothing is traced.
     """
 
     task_id: str
@@ -104,6 +107,7 @@ class TaskFields:
     attempt: int
     delivery_limit: int
     input_refs: tuple[InputRef, ...] = ()
+    trace: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
     @property
     def log_fields(self) -> dict[str, Any]:
@@ -119,6 +123,7 @@ class TaskFields:
             "attempt": self.attempt,
             "delivery_limit": self.delivery_limit,
             "input_refs": [ref.model_dump(mode="json") for ref in self.input_refs],
+            **({"trace": dict(self.trace)} if self.trace else {}),
         }
 
     @classmethod
@@ -138,18 +143,30 @@ class TaskFields:
                 input_refs=tuple(
                     InputRef.model_validate(ref) for ref in document.get("input_refs") or ()
                 ),
+                trace={
+                    str(name): str(value)
+                    for name, value in (document.get("trace") or {}).items()
+                    if name in tracing.TRACE_HEADERS
+                },
             )
-        except (KeyError, TypeError, ValidationError) as exc:
+        except (KeyError, TypeError, AttributeError, ValidationError) as exc:
             raise ValueError(f"not the fields of a task ({type(exc).__name__})") from exc
 
 
-# The fields a context exposes under the same names.
-_FIELD_NAMES: Final = tuple(field.name for field in dataclasses.fields(TaskFields))
+# The fields a context exposes under the same names (all but the trace context).
+_FIELD_NAMES: Final = tuple(
+    field.name for field in dataclasses.fields(TaskFields) if field.name != "trace"
+)
 
 
 def fields_of(context: TaskContext | SyncTaskContext) -> TaskFields:
-    """The fields a context was built from (to hand the call to another process)."""
-    return TaskFields(**{name: getattr(context, name) for name in _FIELD_NAMES})
+    """The fields a context was built from, and the current trace context.
+
+    For handing the call to another process, which continues the trace (:func:`call_here`).
+    """
+    return TaskFields(
+        **{name: getattr(context, name) for name in _FIELD_NAMES}, trace=tracing.carrier()
+    )
 
 
 def context_for(
@@ -270,7 +287,8 @@ def call_here(
     The input is validated again here (a child trusts only what it checks), an ``async def``
     handler runs on a loop of its own, and whatever the handler raises, ``SystemExit`` and
     ``KeyboardInterrupt`` included, becomes a conclusion. The task's fields are bound for the
-    handler's log lines.
+    handler's log lines, and the trace it was handed continues here (the handler's spans are
+    children of the delivery's).
 
     Args:
         task: the task whose handler runs.
@@ -280,7 +298,7 @@ def call_here(
         on_exception: asked first what an exception means (a process's own limits); ``None``
             leaves it to :func:`conclude_error`.
     """
-    with bind_task_fields(fields.log_fields):
+    with bind_task_fields(fields.log_fields), tracing.continued(fields.trace):
         task_input = validate_input(task, raw_input)
         if isinstance(task_input, Failure):
             return task_input

@@ -44,6 +44,7 @@ from async_task_api_worker.engine.settlement import (
     report_refusal,
 )
 from async_task_api_worker.engine.waits import until
+from async_task_api_worker.observability import tracing
 from async_task_api_worker.observability.redaction import exception_type_name, safe_traceback
 from async_task_api_worker.ports import (
     Action,
@@ -165,21 +166,27 @@ class Engine:
         self._notify(_RECEIVED)
         stop = stop or self._never
         run = self.reporter_for(delivery, arrived_at, stop)
-        try:
-            verdict = await self._process(run, stop)
-        except asyncio.CancelledError:
-            given_back = Verdict(Outcome.CANCELLED, Action.NACK_REQUEUE)
-            await self._settler.settle(run, given_back, arrived_at)
-            raise
-        except Exception as exc:
-            _logger.error(
-                "Engine error while processing a delivery (%s); requeued\n%s",
-                exception_type_name(exc),
-                safe_traceback(exc),
-                extra={"task_id": run.task_id},
-            )
-            verdict = Verdict(Outcome.ENGINE_ERROR, Action.NACK_REQUEUE, counted=True)
-        return await self._settler.settle(run, verdict, arrived_at)
+        # The delivery's span is current from here to its settle: the handler's spans, the
+        # reports' and the settle's are its children, and the task's log lines carry its ids.
+        with tracing.processing(self._transport, delivery) as span:
+            try:
+                verdict = await self._process(run, stop)
+            except asyncio.CancelledError:
+                given_back = Verdict(Outcome.CANCELLED, Action.NACK_REQUEUE)
+                span.ended(await self._settler.settle(run, given_back, arrived_at))
+                raise
+            except Exception as exc:
+                _logger.error(
+                    "Engine error while processing a delivery (%s); requeued\n%s",
+                    exception_type_name(exc),
+                    safe_traceback(exc),
+                    extra={"task_id": run.task_id},
+                )
+                verdict = Verdict(Outcome.ENGINE_ERROR, Action.NACK_REQUEUE, counted=True)
+            span.task(run.task_id, run.client_id)
+            settlement = await self._settler.settle(run, verdict, arrived_at)
+            span.ended(settlement)
+            return settlement
 
     async def settle(
         self, run: DeliveryReporter, verdict: Verdict, arrived_at: float

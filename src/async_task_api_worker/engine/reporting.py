@@ -1,9 +1,9 @@
 """Publishing one delivery's reports, in order, each held until the broker confirms it.
 
-``started`` is confirmed while the handler runs (:meth:`DeliveryReporter.begin_started`), and the
-terminal report follows it on the wire without waiting for its confirm: one confirm round trip
-per task. A report goes out only once ``started`` is confirmed or on its way ahead of it, and a
-terminal report whose ``started`` was lost with it sends ``started`` again first.
+``started`` is confirmed while the handler runs (:meth:`DeliveryReporter.begin_started`); the
+terminal report follows it without waiting: one confirm round trip per task. A report goes out
+once ``started`` is confirmed or on its way ahead of it; a terminal report whose ``started`` was
+lost sends it again first. Each report (its tries too) is one ``send`` span, in its headers.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from typing import Any, Final
 from async_task_api_worker.context import ProgressDropReason, ProgressUpdate, task_log_extra
 from async_task_api_worker.engine.waits import until
 from async_task_api_worker.errors import PublishError, ReportEncodeError, ReportRefusedError
+from async_task_api_worker.observability import tracing
 from async_task_api_worker.observability.redaction import exception_type_name
 from async_task_api_worker.ports import (
     CancelToken,
@@ -51,9 +52,8 @@ __all__ = [
     "GiveUp",
 ]
 
-#: The first wait before publishing an unconfirmed report again, in seconds; it doubles.
+#: The first and the longest wait before publishing an unconfirmed report again, in seconds.
 PUBLISH_RETRY_FIRST_S: Final = 0.1
-#: The longest wait between two tries, in seconds.
 PUBLISH_RETRY_MAX_S: Final = 5.0
 #: How long a ``progress`` report (best-effort, never retried) waits for its confirm, in seconds.
 PROGRESS_CONFIRM_WAIT_S: Final = 30.0
@@ -114,8 +114,7 @@ class DeliveryReporter:
     client_id: str | None = None
     seq: int = 0
     gave_up: GiveUp | None = None
-    #: Cancelled when the ``started`` of :meth:`begin_started` gives up before a terminal
-    #: report went out behind it: the engine stops the handler and gives the delivery back.
+    #: Cancelled when ``started`` gives up with no terminal report behind it (the handler stops).
     started_gave_up: CancelToken = field(default_factory=CancelToken)
     #: Why the broker refused that ``started`` for its content, if it did (an engine error).
     started_error: ReportEncodeError | None = None
@@ -289,7 +288,9 @@ class DeliveryReporter:
         give_up_at = self.hold_until
         if kind is ReportType.PROGRESS:
             give_up_at = min(give_up_at, self.monotonic() + PROGRESS_CONFIRM_WAIT_S)
-        confirmed = await self._hold(encoded, give_up_at)
+        with tracing.sending(self.transport, encoded.properties.message_id) as headers:
+            encoded.properties.headers.update(headers)
+            confirmed = await self._hold(encoded, give_up_at)
         if confirmed and terminal and self._started_state is _Started.LOST:
             self._log_started_lost()
         return confirmed
@@ -362,8 +363,7 @@ class DeliveryReporter:
             return True
 
     def _log_started_lost(self) -> None:
-        # Only a refusal that lets the next publish through does this (a full queue freeing one
-        # place between the two): the one terminal report is what matters, so it stands.
+        # A full queue freeing one place between the two: the one terminal report stands.
         _logger.warning(
             "The broker refused the started report but took the terminal report sent right "
             "behind it; the consumer gets the terminal report without started",

@@ -22,6 +22,7 @@ from async_task_api_worker.engine.admission import Refused
 from async_task_api_worker.engine.decision import log_decision
 from async_task_api_worker.engine.reporting import DeliveryReporter, GiveUp
 from async_task_api_worker.errors import ReportEncodeError, SettleError
+from async_task_api_worker.observability import tracing
 from async_task_api_worker.observability.redaction import exception_type_name
 from async_task_api_worker.ports import (
     AckFailed,
@@ -173,12 +174,9 @@ class Settler:
         )
         cut: asyncio.CancelledError | None = None
         try:
-            if verdict.action is Action.NACK_REQUEUE:
-                await self._transport.requeue(run.delivery, count_attempt=verdict.counted)
-            elif verdict.action is Action.REJECT:
-                await self._transport.reject(run.delivery)
-            elif verdict.action is not Action.NONE:
-                await self._transport.ack(run.delivery)
+            if verdict.action is not Action.NONE:
+                with tracing.settling(self._transport, run.delivery, _METHOD[verdict.action]):
+                    await self._settle(run, verdict)
         except asyncio.CancelledError as exc:
             cut = exc  # the call was made, and stands
         except Exception as exc:
@@ -215,3 +213,20 @@ class Settler:
         if cut is not None:
             raise cut
         return settlement
+
+    async def _settle(self, run: DeliveryReporter, verdict: Verdict) -> None:
+        if verdict.action is Action.NACK_REQUEUE:
+            await self._transport.requeue(run.delivery, count_attempt=verdict.counted)
+        elif verdict.action is Action.REJECT:
+            await self._transport.reject(run.delivery)
+        else:
+            await self._transport.ack(run.delivery)
+
+
+#: The settle span's operation (``observability.tracing.settling``) of each broker call.
+_METHOD = {
+    Action.ACK: "ack",
+    Action.CONCLUDE: "ack",
+    Action.NACK_REQUEUE: "nack",
+    Action.REJECT: "reject",
+}

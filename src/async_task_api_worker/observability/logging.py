@@ -27,6 +27,7 @@ from datetime import UTC, datetime
 from typing import IO, Any, Final
 
 from async_task_api_worker.context import current_task_fields
+from async_task_api_worker.observability import tracing
 
 __all__ = [
     "RECORD_ATTRIBUTES",
@@ -82,6 +83,10 @@ def redact_secrets(text: str) -> str:
 class TaskContextFilter(logging.Filter):
     """Adds ``task_id``, ``service`` and ``attempt`` of the running task to each record.
 
+    With tracing on (``observability.tracing``), it adds ``trace_id`` and ``span_id`` of the
+    current span too (hex, as trace back ends show them): a task's lines, its decision line
+    included, carry its delivery's span.
+
     The fields come from the task bound by the engine around the handler call (a context
     variable, copied into the handler's threads), so records of any library the handler calls
     carry them too. A field the record already has (passed in ``extra``) is kept. Never drops a
@@ -101,12 +106,15 @@ class TaskContextFilter(logging.Filter):
     """
 
     def filter(self, record: logging.LogRecord) -> bool:
-        """Add the bound task's fields to ``record``; always ``True``."""
+        """Add the bound task's fields, and the current span's ids, to ``record``; ``True``."""
         fields = current_task_fields()
         if fields:
             for name in TASK_FIELDS:
                 if name in fields and getattr(record, name, None) is None:
                     setattr(record, name, fields[name])
+        ids = tracing.current_ids()
+        if ids is not None and getattr(record, "trace_id", None) is None:
+            record.trace_id, record.span_id = ids
         return True
 
 

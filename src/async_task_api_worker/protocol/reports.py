@@ -7,7 +7,7 @@ terminal report (``success`` or ``failure``); ``started`` and ``progress`` may c
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Annotated, Any, Final, Literal
 
@@ -163,6 +163,9 @@ class MessageProperties:
         content_type: always ``application/json``.
         content_encoding: always ``utf-8``.
         delivery_mode: always 2 (persistent).
+        headers: AMQP headers: the trace context of the report's ``send`` span
+            (``traceparent``, ``tracestate``), written just before it is first sent; empty
+            when nothing is traced.
     """
 
     message_id: str
@@ -173,6 +176,7 @@ class MessageProperties:
     content_type: str = "application/json"
     content_encoding: str = "utf-8"
     delivery_mode: int = 2
+    headers: dict[str, str] = field(default_factory=dict, compare=False)
 
 
 @dataclass(frozen=True, slots=True)

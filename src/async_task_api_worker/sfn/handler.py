@@ -21,6 +21,7 @@ from typing import Any, Final, NoReturn, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
+from async_task_api_worker.observability import tracing
 from async_task_api_worker.protocol.envelope import describe_validation_error, model_field_names
 from async_task_api_worker.sfn.request import ErrorOutput, WorkerRequest
 
@@ -115,9 +116,10 @@ def run_handler(request_schema: type[RequestT], handler: Callable[[RequestT], An
     result_fd = result_channel()
     try:
         request = request_schema.model_validate_json(_read_request())
-        result = handler(request)
-        if inspect.isawaitable(result):
-            result = asyncio.run(_awaited(result))
+        with tracing.continued(tracing.carrier_from_env()):  # the delivery's trace, if any
+            result = handler(request)
+            if inspect.isawaitable(result):
+                result = asyncio.run(_awaited(result))
         data = _result_json(result)
     except BaseException as exc:
         if isinstance(exc, ValidationError):

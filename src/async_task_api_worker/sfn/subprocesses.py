@@ -45,6 +45,7 @@ from async_task_api_worker.executors.process.group import (
     spawn_in_new_session,
 )
 from async_task_api_worker.executors.process.output import OutputTail
+from async_task_api_worker.observability import tracing
 from async_task_api_worker.ports import ExecutionRequest
 from async_task_api_worker.protocol.codes import ErrorCode
 from async_task_api_worker.protocol.encoding import strict_loads
@@ -70,6 +71,9 @@ __all__ = [
 ]
 
 _logger = logging.getLogger("async_task_api_worker.sfn")
+
+#: The variables this executor sets for a subprocess: never inherited from the worker's own.
+_OWN_ENV: Final = frozenset({REQUEST_ENV, REQUEST_FILE_ENV, *tracing.ENV_VARIABLES})
 
 #: A request at least this large (UTF-8 bytes) goes in a private file, not the environment
 #: (Linux refuses one environment string of 128 KiB or more).
@@ -207,7 +211,8 @@ class SubprocessExecutor:
         return await self._run(module, request_text(dict(request.raw_input)), request)
 
     async def _run(self, module: str, body: str, request: ExecutionRequest) -> Conclusion:
-        env = {k: v for k, v in os.environ.items() if k not in (REQUEST_ENV, REQUEST_FILE_ENV)}
+        env = {k: v for k, v in os.environ.items() if k not in _OWN_ENV}
+        env.update(tracing.carrier_to_env())  # the subprocess continues the delivery's trace
         request_path: str | None = None
         if len(body.encode("utf-8")) < MAX_ENV_REQUEST_BYTES:
             env[REQUEST_ENV] = body

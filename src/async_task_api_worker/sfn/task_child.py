@@ -24,6 +24,7 @@ from typing import Any, NoReturn
 from async_task_api_worker.conclusion import Conclusion, Failure
 from async_task_api_worker.definition import Worker
 from async_task_api_worker.errors import ReportEncodeError
+from async_task_api_worker.observability import tracing
 from async_task_api_worker.protocol.codes import ErrorCode
 from async_task_api_worker.protocol.encoding import canonical_dumps
 from async_task_api_worker.sfn.handler import read_request, result_channel, write_and_exit
@@ -50,6 +51,7 @@ def _conclude(worker: Worker, text: str) -> Conclusion:
         service=worker.name,
         attempt=1,
         delivery_limit=1,
+        trace=tracing.carrier_from_env(),  # the executor's (``sfn.subprocesses``)
     )
     return call_here(worker.task_definition, raw_input, fields, DISCARD_PROGRESS)
 

@@ -112,6 +112,13 @@ class InMemoryTransport(EnvelopeBodies):
         """Whether deliveries carry a count (a quorum queue) or not (a classic queue)."""
         return self._count_deliveries
 
+    def span_attributes(self, delivery: Delivery | None) -> Mapping[str, str | int]:
+        """``messaging.system`` ``memory``; the queues are named ``in`` and ``out``."""
+        return {
+            "messaging.system": "memory",
+            "messaging.destination.name": "out" if delivery is None else "in",
+        }
+
     def put(
         self, body: bytes, headers: Mapping[str, Any] | None = None, *, delivery_count: int = 0
     ) -> QueuedMessage:

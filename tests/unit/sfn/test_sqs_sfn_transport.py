@@ -80,7 +80,14 @@ class FakeAws:
             raise self.queue_error
         return {"Attributes": {}}
 
-    def receive_message(self, QueueUrl: str, MaxNumberOfMessages: int, WaitTimeSeconds: int) -> Any:
+    def receive_message(
+        self,
+        QueueUrl: str,
+        MaxNumberOfMessages: int,
+        WaitTimeSeconds: int,
+        MessageAttributeNames: list[str],
+    ) -> Any:
+        assert MessageAttributeNames == ["traceparent", "tracestate"]
         self.receives += 1
         taken, self.ready = self.ready[:MaxNumberOfMessages], self.ready[MaxNumberOfMessages:]
         self.calls.append(("receive", MaxNumberOfMessages))

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Final
 
 import aio_pika
@@ -127,8 +127,21 @@ class RabbitMQProducer:
             await self.close()
             raise TransportError(f"could not set up the queues: {type(exc).__name__}") from exc
 
-    async def publish(self, body: bytes, *, message_id: str | None = None) -> None:
+    @property
+    def in_queue(self) -> str:
+        """The worker's input queue, which :meth:`publish` publishes to."""
+        return self._in_queue
+
+    async def publish(
+        self,
+        body: bytes,
+        *,
+        message_id: str | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
         """Publish ``body`` to the input queue (persistent, JSON) and wait for the confirm.
+
+        ``headers`` become its AMQP headers (a trace context: ``traceparent``, ``tracestate``).
 
         Raises:
             PublishError: the broker did not confirm it.
@@ -143,6 +156,7 @@ class RabbitMQProducer:
                     content_encoding="utf-8",
                     delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
                     message_id=message_id,
+                    headers=dict(headers) if headers else None,
                 ),
                 routing_key=self._in_queue,
                 mandatory=True,

@@ -140,6 +140,7 @@ class ReportPublisher:
             message_type=properties.type,
             timestamp=datetime.fromtimestamp(properties.timestamp_s, UTC),
             app_id=properties.app_id,
+            headers=dict(properties.headers) if properties.headers else None,
         )
         async with self._order:
             try:

@@ -27,7 +27,7 @@ import contextlib
 import logging
 import re
 import time
-from collections.abc import AsyncIterator, Awaitable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any, Final
@@ -366,6 +366,22 @@ class RabbitMQTransport(EnvelopeBodies):
         self._inbox.put_nowait(None)
 
     # ------------------------------------------------------------------ reports and settles
+
+    def span_attributes(self, delivery: Delivery | None) -> Mapping[str, str | int]:
+        """The input queue and the delivery tag, or (``None``) the output queue (tracing)."""
+        if delivery is None:
+            return {
+                "messaging.system": "rabbitmq",
+                "messaging.destination.name": self._out_queue_name,
+                "messaging.rabbitmq.destination.routing_key": self._out_queue_name,
+            }
+        attributes: dict[str, str | int] = {
+            "messaging.system": "rabbitmq",
+            "messaging.destination.name": self._in_queue_name,
+        }
+        if delivery.handle is not None:
+            attributes["messaging.rabbitmq.message.delivery_tag"] = delivery.handle.tag
+        return attributes
 
     async def send(self, delivery: Delivery, report: EncodedReport) -> Awaitable[None]:
         """Put ``report`` on its way to the output queue; the result waits for the confirm.

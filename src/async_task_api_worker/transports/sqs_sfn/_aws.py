@@ -257,6 +257,8 @@ class SqsApi:
                 QueueUrl=self._queue_url,
                 MaxNumberOfMessages=max(1, min(10, max_messages)),
                 WaitTimeSeconds=wait_s,
+                # A producer's trace context, if the state sends one (docs/observability.md).
+                MessageAttributeNames=["traceparent", "tracestate"],
             )
         except ClientError as exc:
             self._refused(exc, "receive from")

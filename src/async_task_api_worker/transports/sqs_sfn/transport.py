@@ -380,7 +380,13 @@ class SqsSfnTransport:
                 await self._call(functools.partial(sqs.make_visible, receipt))
             raise
         handle = _Handle(message_id, read, receipt=receipt, deleted=deleted)
-        delivery = Delivery(body=body, delivery_count=0, redelivered=False, handle=handle)
+        delivery = Delivery(
+            body=body,
+            headers=_trace_headers(message),
+            delivery_count=0,
+            redelivered=False,
+            handle=handle,
+        )
         self._in_hand.add(delivery)
         if read.token is not None:
             self._tokens_in_hand.add(read.token)
@@ -405,6 +411,15 @@ class SqsSfnTransport:
             )
             return False
         return True
+
+    def span_attributes(self, delivery: Delivery | None) -> Mapping[str, str | int]:
+        """The SQS queue (by the last part of its URL), or (``None``) Step Functions."""
+        if delivery is None:
+            return {"messaging.system": "aws_stepfunctions", "messaging.destination.name": "task"}
+        return {
+            "messaging.system": "aws_sqs",
+            "messaging.destination.name": self._queue_url.rstrip("/").rpartition("/")[2],
+        }
 
     def envelope(self, delivery: Delivery, *, max_body_bytes: int) -> Envelope:
         """The envelope read at pickup (``codec.read_body``, with the transport's own limit).
@@ -575,3 +590,15 @@ def _handle(delivery: Delivery) -> _Handle:
 def _fields(delivery: Delivery) -> dict[str, Any]:
     handle = delivery.handle
     return {"task_id": handle.message_id if isinstance(handle, _Handle) else None}
+
+
+def _trace_headers(message: Mapping[str, Any]) -> dict[str, str]:
+    """The ``traceparent`` and ``tracestate`` message attributes of an SQS message, if any."""
+    attributes = message.get("MessageAttributes") or {}
+    return {
+        name: str(value["StringValue"])
+        for name, value in attributes.items()
+        if name in ("traceparent", "tracestate")
+        and isinstance(value, Mapping)
+        and "StringValue" in value
+    }

@@ -1,0 +1,67 @@
+"""An OpenTelemetry SDK set up for one test: every span kept in memory.
+
+The global tracer provider can be set once per process; OpenTelemetry's own test utilities
+(``opentelemetry.test.globals_test.reset_trace_globals``) reset it between tests the same way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from opentelemetry import trace
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.util._once import Once
+
+
+class Spans:
+    """The finished spans of a test, by name."""
+
+    def __init__(self, exporter: InMemorySpanExporter, provider: TracerProvider) -> None:
+        self.exporter = exporter
+        self.tracer = provider.get_tracer("tests")
+
+    def all(self) -> list[ReadableSpan]:
+        return list(self.exporter.get_finished_spans())
+
+    def named(self, name: str) -> list[ReadableSpan]:
+        return [span for span in self.all() if span.name == name]
+
+    def one(self, name: str) -> ReadableSpan:
+        found = self.named(name)
+        assert len(found) == 1, (name, [span.name for span in self.all()])
+        return found[0]
+
+
+def _reset() -> None:
+    trace._TRACER_PROVIDER_SET_ONCE = Once()
+    trace._TRACER_PROVIDER = None
+
+
+@contextmanager
+def traced() -> Iterator[Spans]:
+    """A global SDK tracer provider for the block, exporting to memory."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    _reset()
+    trace.set_tracer_provider(provider)
+    try:
+        yield Spans(exporter, provider)
+    finally:
+        provider.shutdown()
+        _reset()
+
+
+def ids(span: ReadableSpan) -> tuple[str, str]:
+    """``(trace_id, span_id)`` of a span, in hex."""
+    context = span.get_span_context()
+    assert context is not None
+    return format(context.trace_id, "032x"), format(context.span_id, "016x")
+
+
+def parent_id(span: ReadableSpan) -> str | None:
+    """The hex id of the span's parent, or ``None`` for a root."""
+    return None if span.parent is None else format(span.parent.span_id, "016x")

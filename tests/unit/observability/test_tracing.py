@@ -1,0 +1,243 @@
+"""Traces: one delivery is one trace from its producer to its reports and settle.
+
+Span names, kinds and attributes are checked against OpenTelemetry's messaging semantic
+conventions, by the names the ``opentelemetry-semantic-conventions`` package gives them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+
+from opentelemetry import trace
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.semconv._incubating.attributes import messaging_attributes as messaging
+from opentelemetry.semconv.attributes import error_attributes
+from opentelemetry.trace import SpanKind, StatusCode
+from pydantic import BaseModel
+
+from async_task_api_worker import FatalError, SyncTaskContext, TaskContext, Worker
+from async_task_api_worker.observability import tracing
+from async_task_api_worker.observability.logging import JsonFormatter, TaskContextFilter
+from async_task_api_worker.ports import Action, Outcome
+from async_task_api_worker.task_call import DISCARD_PROGRESS, TaskFields, call_here
+from async_task_api_worker.transports.memory import InMemoryTransport
+from tests.traces import Spans, ids, parent_id, traced
+from tests.unit.engine.test_pushback import BODY, engine_for
+
+
+class Input(BaseModel):
+    fail: bool = False
+
+
+class Output(BaseModel):
+    seen_trace_id: str
+    seen_parent_id: str
+
+
+def traced_worker() -> Worker:
+    worker = Worker("svc")
+
+    @worker.task(timeout=5)
+    async def handle(task_input: Input, ctx: TaskContext) -> Output:
+        with trace.get_tracer("handler").start_as_current_span("handler work"):
+            logging.getLogger("async_task_api_worker.task").warning("inside the handler")
+        if task_input.fail:
+            raise FatalError("NO_GOOD", "refused")
+        trace_id, span_id = tracing.current_ids() or ("", "")
+        return Output(seen_trace_id=trace_id, seen_parent_id=span_id)
+
+    return worker
+
+
+class _Lines(logging.Handler):
+    """The SDK's JSON lines, as the SDK's own handler writes them (with its filter)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.addFilter(TaskContextFilter())
+        self.setFormatter(JsonFormatter())
+        self.lines: list[dict[str, object]] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(json.loads(self.format(record)))
+
+
+async def _run(spans: Spans, body: bytes) -> tuple[InMemoryTransport, ReadableSpan, list[dict]]:
+    transport = InMemoryTransport()
+    lines = _Lines()
+    sdk_logger = logging.getLogger("async_task_api_worker")
+    level = sdk_logger.level
+    sdk_logger.setLevel(logging.INFO)  # the decision line is said at INFO
+    sdk_logger.addHandler(lines)
+    try:
+        with spans.tracer.start_as_current_span("send in", kind=SpanKind.PRODUCER) as producer:
+            transport.put(body, tracing.carrier())
+        delivery = transport.take()
+        assert delivery is not None
+        await engine_for(traced_worker(), transport).handle(delivery)
+    finally:
+        sdk_logger.removeHandler(lines)
+        sdk_logger.setLevel(level)
+    assert isinstance(producer, ReadableSpan)
+    return transport, producer, lines.lines
+
+
+def _attributes(span: ReadableSpan) -> dict[str, object]:
+    return dict(span.attributes or {})
+
+
+async def test_a_delivery_is_one_trace_from_its_producer_to_its_reports_and_settle() -> None:
+    with traced() as spans:
+        transport, producer, lines = await _run(spans, BODY)
+        process = spans.one("process in")
+        trace_id, process_id = ids(process)
+
+        # The CONSUMER span continues the producer's trace, with the conventions' attributes.
+        assert process.kind is SpanKind.CONSUMER
+        assert ids(producer)[0] == trace_id
+        assert parent_id(process) == ids(producer)[1]
+        assert _attributes(process) == {
+            messaging.MESSAGING_SYSTEM: "memory",
+            messaging.MESSAGING_DESTINATION_NAME: "in",
+            messaging.MESSAGING_OPERATION_TYPE: "process",
+            messaging.MESSAGING_OPERATION_NAME: "process",
+            messaging.MESSAGING_MESSAGE_ID: "t-1",
+            "async_task_api.client_id": "c",
+            "async_task_api.outcome": "success",
+        }
+
+        # The handler's own span is its child, and so is what the handler saw as current.
+        assert parent_id(spans.one("handler work")) == process_id
+        published = [p.report for p in transport.published]
+        response = json.loads(published[-1].body)["response"]
+        assert response == {"seen_trace_id": trace_id, "seen_parent_id": process_id}
+
+        # One PRODUCER span per report, whose context the report carries in its headers.
+        sends = spans.named("send out")
+        assert [s.kind for s in sends] == [SpanKind.PRODUCER, SpanKind.PRODUCER]
+        for report, send in zip(published, sends, strict=True):
+            assert parent_id(send) == process_id
+            assert _attributes(send)[messaging.MESSAGING_OPERATION_TYPE] == "send"
+            assert _attributes(send)[messaging.MESSAGING_MESSAGE_ID] == (
+                report.properties.message_id
+            )
+            send_trace, send_id = ids(send)
+            traceparent = report.properties.headers["traceparent"]
+            assert traceparent.startswith(f"00-{send_trace}-{send_id}-")
+
+        # The settle is a CLIENT span of the delivery.
+        settle = spans.one("ack in")
+        assert settle.kind is SpanKind.CLIENT
+        assert parent_id(settle) == process_id
+        assert _attributes(settle)[messaging.MESSAGING_OPERATION_TYPE] == "settle"
+        assert _attributes(settle)[messaging.MESSAGING_OPERATION_NAME] == "ack"
+
+        # Every line of the task carries the span it was written in; the decision line too.
+        handler_line = next(line for line in lines if line["msg"] == "inside the handler")
+        assert handler_line["trace_id"] == trace_id
+        assert handler_line["span_id"] == ids(spans.one("handler work"))[1]
+        decision = next(line for line in lines if str(line["msg"]).startswith("Delivery settled"))
+        assert (decision["trace_id"], decision["span_id"]) == (trace_id, process_id)
+
+
+async def test_a_failed_task_sets_its_code_as_the_error_type() -> None:
+    body = BODY.replace(b'"input":{}', b'"input":{"fail":true}')
+    with traced() as spans:
+        transport, _, _ = await _run(spans, body)
+        process = spans.one("process in")
+        assert _attributes(process)[error_attributes.ERROR_TYPE] == "NO_GOOD"
+        assert process.status.status_code is StatusCode.ERROR
+        assert spans.one("ack in").kind is SpanKind.CLIENT  # a concluded failure is acked
+        assert transport.acked
+
+
+async def test_a_requeue_is_a_nack_span() -> None:
+    with traced() as spans:
+        transport = InMemoryTransport()
+        transport.put(b"not json at all")
+        delivery = transport.take()
+        assert delivery is not None
+        settlement = await engine_for(traced_worker(), transport).handle(delivery)
+        assert (settlement.outcome, settlement.action) == (Outcome.POISON, Action.REJECT)
+        reject = spans.one("reject in")
+        assert _attributes(reject)[messaging.MESSAGING_OPERATION_NAME] == "reject"
+        assert _attributes(spans.one("process in"))[error_attributes.ERROR_TYPE] == "poison"
+
+
+def test_a_child_process_continues_the_trace_it_is_handed() -> None:
+    worker = Worker("svc")
+
+    @worker.task(timeout=5)
+    def handle(task_input: Input, ctx: SyncTaskContext) -> Output:
+        trace_id, span_id = tracing.current_ids() or ("", "")
+        return Output(seen_trace_id=trace_id, seen_parent_id=span_id)
+
+    with traced() as spans, spans.tracer.start_as_current_span("process in") as process:
+        fields = TaskFields("t", "c", "svc", 1, 5, trace=tracing.carrier())
+    # Through the JSON a child reads its fields from, and out of the parent's context.
+    fields = TaskFields.from_json(json.loads(json.dumps(fields.to_json())))
+    conclusion = call_here(worker.task_definition, {}, fields, DISCARD_PROGRESS)
+    assert isinstance(process, ReadableSpan)
+    trace_id, span_id = ids(process)
+    assert conclusion.value == {"seen_trace_id": trace_id, "seen_parent_id": span_id}  # type: ignore[union-attr]
+
+
+def test_the_environment_carries_a_trace_to_a_subprocess() -> None:
+    with traced() as spans, spans.tracer.start_as_current_span("process in") as process:
+        environment = tracing.carrier_to_env()
+    assert isinstance(process, ReadableSpan)
+    trace_id, span_id = ids(process)
+    assert list(environment) == ["TRACEPARENT"]
+    assert environment["TRACEPARENT"].startswith(f"00-{trace_id}-{span_id}-")
+    assert tracing.carrier_from_env(environment) == {"traceparent": environment["TRACEPARENT"]}
+    with tracing.continued(tracing.carrier_from_env(environment)):
+        assert tracing.current_ids() == (trace_id, span_id)
+
+
+def test_without_a_tracer_provider_nothing_is_traced_or_written() -> None:
+    assert not tracing.live()
+    assert tracing.carrier() == {}
+    with tracing.sending(InMemoryTransport(), "m") as headers:
+        assert dict(headers) == {}
+
+
+def test_without_the_extra_the_worker_runs_untraced() -> None:
+    # A fresh interpreter in which `import opentelemetry` fails, as without the `otel` extra.
+    script = textwrap.dedent(
+        """
+        import asyncio, sys
+        sys.modules["opentelemetry"] = None
+        from async_task_api_worker.observability import tracing
+        from async_task_api_worker.transports.memory import InMemoryTransport
+        from tests.unit.engine.test_pushback import BODY, engine_for, worker_returning
+        assert not tracing.ENABLED and not tracing.live()
+        assert tracing.carrier() == {} and tracing.current_ids() is None
+
+        async def main():
+            transport = InMemoryTransport()
+            transport.put(BODY, {"traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-01"})
+            settlement = await engine_for(worker_returning("ok", []), transport).handle(
+                transport.take()
+            )
+            assert settlement.outcome == "success", settlement
+            assert all(not p.report.properties.headers for p in transport.published)
+
+        asyncio.run(main())
+        print("untraced")
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        cwd=os.getcwd(),
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "untraced"
