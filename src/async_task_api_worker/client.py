@@ -122,8 +122,9 @@ class TaskClient:
         """Connect and start reading the output queue.
 
         Raises:
-            BrokerRefusedError: the broker refused the credentials or the vhost.
+            BrokerRefusedError: the broker refused the credentials, the vhost or a queue.
             BrokerUnavailableError: the broker was not reached in time.
+            TransportError: the queues could not be declared.
         """
         await self._producer.connect()
         await self._producer.consume_reports(self._on_report)

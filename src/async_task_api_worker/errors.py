@@ -20,7 +20,7 @@ The tree::
     └── ConfigError (ValueError)   misuse and configuration, kept apart from runtime failures
         ├── SettingsError          an invalid setting (the CLI exits 2)
         │   └── TimeBudgetError    the task timeout does not fit under the consumer timeout
-        ├── BrokerRefusedError     the broker refused the credentials or the vhost (exit 2)
+        ├── BrokerRefusedError     the broker refused the credentials, vhost or a queue (exit 2)
         ├── TargetError            ``module:attribute`` does not name a loadable Worker
         ├── InvalidErrorCodeError  a FatalError / RetryableError code outside the code rule
         └── DefinitionError (TypeError)   a mistake in a Worker definition
@@ -325,7 +325,7 @@ class TimeBudgetError(SettingsError):
 
 
 class BrokerRefusedError(ConfigError):
-    """The broker refused the connection: wrong credentials, or no access to the vhost.
+    """The broker refused us: wrong credentials, no access to the vhost, or to one of its queues.
 
     Retrying cannot help, so the worker exits 2 at once instead of reconnecting forever.
     """

@@ -52,7 +52,7 @@ def cli(
         (
             "examples.count_words:worker",
             {"BROKER_URL": broker_url("no-such-vhost")},
-            "would not open the vhost",
+            "access to vhost 'no-such-vhost' was refused",
         ),
     ],
     ids=["bad-setting", "budget", "definition", "attribute", "module", "credentials", "vhost"],

@@ -72,24 +72,35 @@ def _parser() -> argparse.ArgumentParser:
     )
 
     submit = commands.add_parser(
-        "submit", help="publish one task to a worker and print its reports until the last"
+        "submit",
+        help="publish tasks to a worker and print their reports until each task's last",
     )
-    submit.add_argument("input", help="the task input, a JSON object")
+    inputs = submit.add_mutually_exclusive_group(required=True)
+    inputs.add_argument("input", nargs="?", help="the task input, a JSON object")
+    inputs.add_argument(
+        "--file",
+        metavar="TASKS",
+        help="publish one task a line of TASKS (JSON objects, blank lines skipped; -: stdin), "
+        "every line checked before the first is published",
+    )
     submit.add_argument("--service", required=True, help="the worker's service name")
     submit.add_argument("--client-id", default="cli", help="the envelope's client id")
-    submit.add_argument("--task-id", default=None, help="the task id (default: a new UUID)")
+    submit.add_argument(
+        "--task-id", default=None, help="the task id (default: a new UUID; not with --file)"
+    )
     submit.add_argument(
         "--input-ref",
         action="append",
         default=[],
         metavar="JSON",
-        help='an input reference, e.g. \'{"name": "video", "uri": "s3://b/k"}\' (repeatable)',
+        help='an input reference, e.g. \'{"name": "video", "uri": "s3://b/k"}\' (repeatable; '
+        "not with --file)",
     )
     submit.add_argument(
         "--timeout-s",
         type=float,
         default=None,
-        help="give up (exit 1) after this many seconds without the terminal report",
+        help="give up (exit 1) after this many seconds without every terminal report",
     )
     return parser
 
@@ -123,6 +134,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return submit_command(
             arguments.input,
+            file=arguments.file,
             service=arguments.service,
             client_id=arguments.client_id,
             task_id=arguments.task_id,

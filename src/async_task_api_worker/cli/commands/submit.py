@@ -1,8 +1,14 @@
-"""``submit INPUT_JSON --service NAME``: publish one task, print its reports until the last.
+"""``submit INPUT_JSON`` or ``submit --file TASKS`` (``--service NAME``): publish, print reports.
 
-Reads ``BROKER_URL``, ``IN_QUEUE_NAME`` and ``OUT_QUEUE_NAME`` as the worker does. Exits 0 when
-the task succeeded, 1 when it failed (or no terminal report came within ``--timeout-s``, or the
-broker was unreachable), 2 for a usage error (checked before anything is published), 130 when
+INPUT_JSON is one task's input; TASKS holds one a line (``-``: stdin), blank lines skipped.
+Reads ``BROKER_URL``, ``IN_QUEUE_NAME`` and ``OUT_QUEUE_NAME`` as the worker does. Every task is
+checked before anything is published: its input must be a JSON object and its envelope one the
+worker accepts, else the command exits 2 naming the line. All the tasks share one
+:class:`~async_task_api_worker.client.TaskClient`, hence one consumer of the output queue: a
+report of one task is never given back for another (README, "Submitting tasks"). Each report is
+printed as it arrives, a task's reports in their order. Exits 0 when every task succeeded, 1
+when any failed (or had no terminal report within ``--timeout-s``, or the broker was
+unreachable), 2 for a usage error or a broker refusing the credentials or the vhost, 130 when
 interrupted.
 """
 
@@ -15,11 +21,10 @@ from collections.abc import Sequence
 
 from async_task_api_worker.client import TaskClient, build_envelope
 from async_task_api_worker.errors import (
-    BrokerUnavailableError,
     EnvelopeDecodeError,
-    PublishError,
     ReportEncodeError,
     TargetError,
+    TransportError,
 )
 from async_task_api_worker.protocol.encoding import canonical_dumps
 from async_task_api_worker.protocol.envelope import decode_envelope
@@ -28,6 +33,10 @@ from async_task_api_worker.runtime.exit_codes import ExitCode
 from async_task_api_worker.settings import load_settings
 
 __all__ = ["submit_command"]
+
+#: A task to publish: its id (chosen before publishing, so that its reports are expected from
+#: the start) and its input.
+_Task = tuple[str, dict[str, object]]
 
 
 def _json_object(text: str, what: str) -> dict[str, object]:
@@ -40,67 +49,152 @@ def _json_object(text: str, what: str) -> dict[str, object]:
     return value
 
 
-async def _submit(
-    client: TaskClient,
-    task_input: dict[str, object],
+def _checked(
+    what_and_input: tuple[str, dict[str, object]],
     *,
+    service: str,
     client_id: str,
     task_id: str | None,
     input_refs: Sequence[dict[str, object]],
-) -> int:
-    async with client:
-        task_id = await client.submit(
-            task_input, task_id=task_id, client_id=client_id, input_refs=input_refs
+) -> _Task:
+    """``(task id, task_input)``, the envelope checked as the worker will check it.
+
+    The task id is a new UUID unless given; ``what`` names the task in the error.
+
+    Raises:
+        TargetError: the worker would refuse the envelope (exit 2).
+    """
+    what, task_input = what_and_input
+    # A bad task id or input reference is a usage error here, not a poison message there
+    # (with no report, for a bad task id).
+    try:
+        task_id, body = build_envelope(
+            task_input, service=service, task_id=task_id, client_id=client_id, input_refs=input_refs
         )
-        print(f"submitted task {task_id}", file=sys.stderr)
-        async for report in client.reports(task_id):
-            print(canonical_dumps(report.model_dump()).decode("utf-8", "surrogateescape"))
-            sys.stdout.flush()
-            if isinstance(report, SuccessReport):
-                return ExitCode.OK
-    return ExitCode.FAILURE
+        decode_envelope(body)
+    except (EnvelopeDecodeError, ReportEncodeError) as exc:
+        raise TargetError(f"{what} would be refused by the worker: {exc}") from None
+    return task_id, task_input
+
+
+def _file_inputs(path: str) -> list[tuple[str, dict[str, object]]]:
+    """``(where, task input)`` of each line of ``path`` (``-``: stdin) but blank ones.
+
+    Raises:
+        TargetError: the file cannot be read, holds no task, or a line is not a JSON object.
+    """
+    try:
+        if path == "-":
+            lines = sys.stdin.readlines()
+        else:
+            with open(path, encoding="utf-8") as source:
+                lines = source.readlines()
+    except OSError as exc:
+        raise TargetError(f"cannot read {path}: {exc.strerror}") from None
+    except ValueError as exc:  # UnicodeDecodeError
+        raise TargetError(f"cannot read {path}: {exc}") from None
+    inputs = [
+        (f"{path} line {number}", _json_object(line, f"{path} line {number}"))
+        for number, line in enumerate(lines, start=1)
+        if line.strip()
+    ]
+    if not inputs:
+        raise TargetError(f"{path} holds no task input")
+    return inputs
+
+
+async def _print_reports(client: TaskClient, task_id: str, succeeded: dict[str, bool]) -> None:
+    async for report in client.reports(task_id):
+        print(canonical_dumps(report.model_dump()).decode("utf-8", "surrogateescape"))
+        sys.stdout.flush()
+        # The stream ends with the task's terminal report, success or failure.
+        succeeded[task_id] = isinstance(report, SuccessReport)
+
+
+async def _submit(
+    client: TaskClient,
+    tasks: Sequence[_Task],
+    *,
+    client_id: str,
+    input_refs: Sequence[dict[str, object]],
+    succeeded: dict[str, bool],
+) -> None:
+    """Publish ``tasks`` in order and print their reports until each task's terminal one.
+
+    ``succeeded`` gets each task id whose terminal report came, with whether it was a success.
+    """
+    async with client:
+        printers: list[asyncio.Task[None]] = []
+        try:
+            for task_id, task_input in tasks:
+                await client.submit(
+                    task_input, task_id=task_id, client_id=client_id, input_refs=input_refs
+                )
+                print(f"submitted task {task_id}", file=sys.stderr)
+                printers.append(asyncio.ensure_future(_print_reports(client, task_id, succeeded)))
+            await asyncio.gather(*printers)
+        finally:
+            for printer in printers:
+                printer.cancel()
+            await asyncio.gather(*printers, return_exceptions=True)
 
 
 def submit_command(
-    raw_input: str,
+    raw_input: str | None,
     *,
+    file: str | None = None,
     service: str,
     client_id: str,
     task_id: str | None,
     input_refs: Sequence[str],
     timeout_s: float | None,
 ) -> int:
-    """Publish one task and print its reports, one JSON object per line.
+    """Publish one task (``raw_input``) or one a line of ``file``, and print their reports.
+
+    Each report is printed as one JSON object per line, until each task's terminal report.
+
+    Returns:
+        0 when every task succeeded, 1 when any failed, had no terminal report within
+        ``timeout_s`` seconds (the whole run's bound), or the broker was unreachable.
 
     Raises:
-        ConfigError: the input, an input reference or a setting is invalid (exit 2).
+        ConfigError: an input, an input reference, an option or a setting is invalid, or the
+            broker refused the credentials, the vhost or a queue (exit 2); nothing was
+            published then.
     """
-    task_input = _json_object(raw_input, "the task input")
-    refs = [_json_object(ref, "--input-ref") for ref in input_refs]
+    if (raw_input is None) == (file is None):
+        raise TargetError("give one task input or --file, not both")
+    if file is not None and (task_id is not None or input_refs):
+        raise TargetError("--task-id and --input-ref go with one task input, not with --file")
     if timeout_s is not None and not timeout_s > 0:
         raise TargetError("--timeout-s must be a positive number of seconds")
-    # Check the envelope as the worker will, so that a bad task id or input reference is a
-    # usage error here, not a poison message there (with no report, for a bad task id).
-    try:
-        _, body = build_envelope(
-            task_input, service=service, task_id=task_id, client_id=client_id, input_refs=refs
-        )
-        decode_envelope(body)
-    except (EnvelopeDecodeError, ReportEncodeError) as exc:
-        raise TargetError(f"this task would be refused by the worker: {exc}") from None
+    refs = [_json_object(ref, "--input-ref") for ref in input_refs]
+    inputs = (
+        [("this task", _json_object(raw_input, "the task input"))]
+        if raw_input is not None
+        else _file_inputs(file or "-")
+    )
+    tasks = [
+        _checked(what, service=service, client_id=client_id, task_id=task_id, input_refs=refs)
+        for what in inputs
+    ]
     client = TaskClient.from_settings(service=service, settings=load_settings())
+    succeeded: dict[str, bool] = {}
 
-    async def bounded() -> int:
-        return await asyncio.wait_for(
-            _submit(client, task_input, client_id=client_id, task_id=task_id, input_refs=refs),
-            timeout=timeout_s,
-        )
+    async def bounded() -> None:
+        run = _submit(client, tasks, client_id=client_id, input_refs=refs, succeeded=succeeded)
+        await asyncio.wait_for(run, timeout=timeout_s)
 
     try:
-        return asyncio.run(bounded())
+        asyncio.run(bounded())
     except TimeoutError:
-        print(f"no terminal report within {timeout_s:g} s", file=sys.stderr)
+        missing = len(tasks) - len(succeeded)
+        print(
+            f"no terminal report within {timeout_s:g} s for {missing} of {len(tasks)} task(s)",
+            file=sys.stderr,
+        )
         return ExitCode.FAILURE
-    except (BrokerUnavailableError, PublishError) as exc:
+    except TransportError as exc:  # unreachable, unconfirmed, or queues not set up
         print(f"async-task-api-worker: {exc}", file=sys.stderr)
         return ExitCode.FAILURE
+    return ExitCode.OK if all(succeeded.values()) else ExitCode.FAILURE

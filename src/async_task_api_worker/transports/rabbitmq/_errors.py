@@ -4,19 +4,29 @@ from __future__ import annotations
 
 import asyncio
 import re
+import shlex
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 
 import aiormq
 from aio_pika.exceptions import ChannelInvalidStateError
+from yarl import URL
 
 from async_task_api_worker.errors import (
     BrokerRefusedError,
     PublishError,
     SettleError,
+    TransportError,
 )
 
-__all__ = ["is_refusal", "publish_errors", "settle_errors", "size_limit_of"]
+__all__ = [
+    "is_refusal",
+    "publish_errors",
+    "refused",
+    "settle_errors",
+    "setup_error",
+    "size_limit_of",
+]
 
 #: What a broker operation can raise when the connection or channel is gone or the broker says
 #: no: aiormq's protocol errors, a stale channel, the socket itself, or a confirm timeout.
@@ -29,20 +39,24 @@ _BROKER_FAILURES = (
     RuntimeError,  # aio-pika: "<Connection ...> closed" while a channel reopens
 )
 
+#: What aiormq raises for credentials the broker refused at login.
+_LOGIN_REFUSALS = (
+    aiormq.exceptions.ProbableAuthenticationError | aiormq.exceptions.AuthenticationError
+)
+
 
 def is_refusal(exc: BaseException) -> bool:
-    """Whether a connection failure is the broker refusing us (retrying cannot help).
+    """Whether a failure to connect or to set up the queues is a refusal (no retry can help).
 
     ``ACCESS_REFUSED`` on login arrives as ``ProbableAuthenticationError``; a vhost we may not
     open closes the connection instead of answering ``Connection.OpenOk``, which aiormq reports
-    as ``InvalidFrameError``.
+    as ``InvalidFrameError``; a queue the user may not declare closes the channel with
+    ``ACCESS_REFUSED`` (``ChannelAccessRefused``, or that text in whatever aio-pika raises for
+    the closed channel).
     """
     return isinstance(
-        exc,
-        aiormq.exceptions.ProbableAuthenticationError
-        | aiormq.exceptions.AuthenticationError
-        | aiormq.exceptions.InvalidFrameError,
-    )
+        exc, _LOGIN_REFUSALS | aiormq.exceptions.InvalidFrameError
+    ) or "ACCESS_REFUSED" in str(exc)
 
 
 _SIZE_REFUSAL = re.compile(r"message size \d+ is larger than configured max size (\d+)")
@@ -62,15 +76,48 @@ def size_limit_of(exc: BaseException | None) -> int | None:
 
 
 def refused(exc: BaseException, url_for_logs: str) -> BrokerRefusedError:
-    """The error to raise for a refusal, naming the broker without its password."""
+    """The error to raise for a refusal (:func:`is_refusal`).
+
+    It names the broker without its password and, for a vhost, gives the command that grants
+    access to it.
+    """
+    broker = f"the broker at {url_for_logs}"
     if isinstance(exc, aiormq.exceptions.InvalidFrameError):
-        why = (
-            "would not open the vhost: it does not exist, or the user has no permissions on it "
-            "(rabbitmqctl set_permissions -p VHOST USER '.*' '.*' '.*')"
+        vhost, user = _vhost_and_user(url_for_logs)
+        # aiormq keeps no reply text here (RabbitMQ sends "vhost not found" or "access to vhost
+        # refused"), so the two causes are named together.
+        return BrokerRefusedError(
+            f"access to vhost {vhost!r} was refused for user {user!r} by {broker}: the vhost "
+            "does not exist, or the user has no permissions on it (rabbitmqctl set_permissions "
+            f"-p {shlex.quote(vhost)} {shlex.quote(user)} '.*' '.*' '.*')"
         )
-    else:
-        why = "refused the credentials: check the user and password in BROKER_URL"
-    return BrokerRefusedError(f"the broker at {url_for_logs} {why} ({type(exc).__name__})")
+    if isinstance(exc, _LOGIN_REFUSALS):
+        return BrokerRefusedError(
+            f"{broker} refused the credentials: check the user and password in BROKER_URL "
+            f"({type(exc).__name__})"
+        )
+    # ACCESS_REFUSED to a queue: the broker's text names it, the vhost and the user.
+    return BrokerRefusedError(f"{broker} refused access: {exc}")
+
+
+def _vhost_and_user(url: str) -> tuple[str, str]:
+    """The vhost and user aiormq logs in with for ``url`` (its defaults: ``/``, ``guest``)."""
+    try:
+        parsed = URL(url)
+    except ValueError:
+        return "?", "?"
+    return parsed.path[1:] or "/", parsed.user or "guest"
+
+
+def setup_error(exc: BaseException, url_for_logs: str) -> BrokerRefusedError | TransportError:
+    """The error to raise when the channels or queues of a new connection could not be set up.
+
+    A refusal (:func:`is_refusal`) gives :func:`refused`'s error; anything else a
+    :class:`TransportError` naming the failure's type.
+    """
+    if is_refusal(exc):
+        return refused(exc, url_for_logs)
+    return TransportError(f"could not set up the queues: {type(exc).__name__}")
 
 
 @contextmanager

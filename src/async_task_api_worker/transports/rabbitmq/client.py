@@ -21,7 +21,7 @@ from aio_pika.abc import (
 
 from async_task_api_worker.errors import TransportError
 from async_task_api_worker.settings import split_broker_urls
-from async_task_api_worker.transports.rabbitmq._errors import publish_errors
+from async_task_api_worker.transports.rabbitmq._errors import publish_errors, setup_error
 from async_task_api_worker.transports.rabbitmq.link import BrokerLink
 from async_task_api_worker.transports.rabbitmq.topology import declare_queue
 
@@ -102,8 +102,9 @@ class RabbitMQProducer:
         """Connect and declare both queues (durable, no arguments, as the worker does).
 
         Raises:
-            BrokerRefusedError: the broker refused the credentials or the vhost.
+            BrokerRefusedError: the broker refused the credentials, the vhost or a queue.
             BrokerUnavailableError: the broker was not reached in time.
+            TransportError: the queues could not be declared.
         """
         link = BrokerLink(
             split_broker_urls(self._url),
@@ -125,7 +126,7 @@ class RabbitMQProducer:
             self._reports = await declare_queue(self._consume_channel, self._out_queue)
         except Exception as exc:
             await self.close()
-            raise TransportError(f"could not set up the queues: {type(exc).__name__}") from exc
+            raise setup_error(exc, link.url_for_logs) from exc
 
     @property
     def in_queue(self) -> str:

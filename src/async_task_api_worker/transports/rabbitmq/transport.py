@@ -45,11 +45,7 @@ from async_task_api_worker.errors import (
 from async_task_api_worker.ports import Delivery
 from async_task_api_worker.protocol.reports import EncodedReport
 from async_task_api_worker.transports.envelope_bodies import EnvelopeBodies
-from async_task_api_worker.transports.rabbitmq._errors import (
-    is_refusal,
-    refused,
-    settle_errors,
-)
+from async_task_api_worker.transports.rabbitmq._errors import settle_errors, setup_error
 from async_task_api_worker.transports.rabbitmq.acks import ChannelSettles, Settle
 from async_task_api_worker.transports.rabbitmq.link import BrokerLink
 from async_task_api_worker.transports.rabbitmq.reports import ReportPublisher, ReportTrail
@@ -211,7 +207,7 @@ class RabbitMQTransport(EnvelopeBodies):
         """Connect, open the channels, declare both queues and learn the input queue's type.
 
         Raises:
-            BrokerRefusedError: the broker refused the credentials or the vhost.
+            BrokerRefusedError: the broker refused the credentials, the vhost or a queue.
             BrokerUnavailableError: no broker was reached within ``connect_timeout_s``.
             TransportError: the queues could not be declared.
         """
@@ -228,9 +224,7 @@ class RabbitMQTransport(EnvelopeBodies):
             raise
         except Exception as exc:
             await self.close()
-            if is_refusal(exc) or "ACCESS_REFUSED" in str(exc):
-                raise refused(exc, self._consumer.url_for_logs) from exc
-            raise TransportError(f"could not set up the queues: {type(exc).__name__}") from exc
+            raise setup_error(exc, self._consumer.url_for_logs) from exc
         self._consume_channel = consume
         consume.close_callbacks.add(self._on_consume_channel_closed)
         consume.reopen_callbacks.add(self._on_consume_channel_reopened)

@@ -1,0 +1,84 @@
+"""``submit --file``: many tasks, one report consumer, every report printed, none left behind."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from async_task_api_worker.protocol import decode_report
+from tests.integration.conftest import Queues
+from tests.integration.test_cli_on_rabbitmq import cli
+
+SUBMITTED = re.compile(r"^submitted task (\S+)$", flags=re.M)
+
+
+def reports_by_task(stdout: str) -> dict[str, list[Any]]:
+    """Each task's reports, in the order they were printed."""
+    by_task: dict[str, list[Any]] = {}
+    for line in stdout.splitlines():
+        report = decode_report(line.encode())
+        by_task.setdefault(report.task_id, []).append(report)
+    return by_task
+
+
+def test_submit_file_prints_every_report_of_ten_tasks_and_leaves_none_in_the_queue(
+    queues: Queues, start_worker: Any, tmp_path: Path
+) -> None:
+    start_worker("examples.count_words:worker", queues.env())
+    texts = [" ".join(["word"] * n) for n in range(1, 11)]
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text("".join(json.dumps({"text": text}) + "\n" for text in texts))
+
+    done = cli(
+        "submit", "--file", str(tasks), "--service", "count-words", "--timeout-s", "60",
+        env=queues.env(),
+    )  # fmt: skip
+
+    assert done.returncode == 0, done.stderr
+    submitted = SUBMITTED.findall(done.stderr)
+    assert len(submitted) == 10
+    by_task = reports_by_task(done.stdout)
+    assert set(by_task) == set(submitted)
+    for words, task_id in enumerate(submitted, start=1):
+        assert [r.type for r in by_task[task_id]] == ["started", "progress", "success"]
+        assert by_task[task_id][-1].response == {"words": words}
+    queues.assert_drained(queues.out_queue)
+    queues.assert_drained(queues.in_queue)
+
+
+def test_submit_file_exits_1_when_a_task_fails_after_printing_every_report(
+    queues: Queues, start_worker: Any, tmp_path: Path
+) -> None:
+    start_worker("examples.count_words:worker", queues.env())
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text('{"text": "a b"}\n\n{"text": "   "}\n')  # the blank line is skipped
+
+    done = cli(
+        "submit", "--file", str(tasks), "--service", "count-words", "--timeout-s", "60",
+        env=queues.env(),
+    )  # fmt: skip
+
+    assert done.returncode == 1, done.stderr
+    first, second = SUBMITTED.findall(done.stderr)
+    by_task = reports_by_task(done.stdout)
+    assert [r.type for r in by_task[first]] == ["started", "progress", "success"]
+    assert [r.type for r in by_task[second]] == ["started", "failure"]
+    queues.assert_drained(queues.out_queue)
+
+
+def test_submit_file_with_a_bad_line_publishes_nothing(queues: Queues, tmp_path: Path) -> None:
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text('{"text": "a"}\n{"text": "b"}\n[1, 2]\n')
+
+    done = cli("submit", "--file", str(tasks), "--service", "count-words", env=queues.env())
+
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        f"async-task-api-worker: {tasks} line 3 must be a JSON object"
+    ]
+    with pytest.raises(LookupError):  # never declared: nothing connected
+        queues.counts(queues.in_queue)

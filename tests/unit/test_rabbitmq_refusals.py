@@ -1,0 +1,51 @@
+"""What a refused connection says: the vhost and the command that grants access to it."""
+
+from __future__ import annotations
+
+import aiormq
+import pytest
+
+from async_task_api_worker.errors import BrokerRefusedError, TransportError
+from async_task_api_worker.transports.rabbitmq._errors import refused, setup_error
+
+NO_OPEN_OK = aiormq.exceptions.InvalidFrameError(
+    "Expected one of ['Connection.OpenOk'], got <Connection.Close object at 0x7f>"
+)
+
+
+@pytest.mark.parametrize(
+    ("url", "vhost", "grant"),
+    [
+        ("amqp://guest:***@localhost:5672/work", "'work'", "-p work guest"),
+        ("amqp://ann:***@localhost:5672/", "'/'", "-p / ann"),
+        ("amqp://ann:***@localhost:5672/%2F", "'/'", "-p / ann"),
+        ("amqp://ann:***@localhost:5672/my%20work", "'my work'", "-p 'my work' ann"),
+        ("amqp://localhost/work", "'work'", "-p work guest"),  # aiormq's default user
+    ],
+)
+def test_a_vhost_refusal_names_the_vhost_and_the_command_that_grants_it(
+    url: str, vhost: str, grant: str
+) -> None:
+    message = str(refused(NO_OPEN_OK, url))
+    assert message.startswith(f"access to vhost {vhost} was refused for user ")
+    assert f"rabbitmqctl set_permissions {grant} '.*' '.*' '.*'" in message
+    assert "InvalidFrame" not in message
+
+
+def test_refused_credentials_stay_a_credentials_error() -> None:
+    login = aiormq.exceptions.ProbableAuthenticationError(
+        "ACCESS_REFUSED - Login was refused using authentication mechanism PLAIN."
+    )
+    assert "refused the credentials" in str(refused(login, "amqp://u:***@h:5672/"))
+
+
+def test_a_queue_refusal_is_refused_and_any_other_set_up_failure_a_transport_error() -> None:
+    queue = aiormq.exceptions.ChannelAccessRefused(
+        "ACCESS_REFUSED - access to queue 'q' in vhost 'v' refused for user 'u'"
+    )
+    error = setup_error(queue, "amqp://u:***@h:5672/v")
+    assert isinstance(error, BrokerRefusedError)
+    assert str(error).endswith("refused access: " + str(queue))
+    other = setup_error(aiormq.exceptions.ChannelNotFoundEntity("NOT_FOUND"), "amqp://h/")
+    assert type(other) is TransportError
+    assert str(other) == "could not set up the queues: ChannelNotFoundEntity"
