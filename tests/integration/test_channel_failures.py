@@ -83,7 +83,7 @@ async def test_a_channel_that_keeps_closing_stops_the_worker_with_failure(queues
         transport = transport_for(queues)
         runner = Runner(worker, load_settings({}, read_environment=False), transport)
         serving = asyncio.create_task(runner.serve())
-        while not transport.connected or transport._consume_channel is None:
+        while not transport.consuming:  # the consumer started (a close before is another test)
             await asyncio.sleep(0.01)
         for closes in range(1, MAX_CHANNEL_FAILURES + 1):
             await close_consume_channel(transport)
@@ -95,3 +95,25 @@ async def test_a_channel_that_keeps_closing_stops_the_worker_with_failure(queues
         log.setLevel(level)
         log.removeHandler(reopened)
         log.removeHandler(closed)
+
+
+async def test_a_channel_closed_while_the_consumer_starts_is_consumed_again(
+    queues: Queues,
+) -> None:
+    # The broker closes the channel while basic.consume is on its way: aio-pika restores only a
+    # consumer that started, so the transport starts it again on the reopened channel.
+    transport = transport_for(queues)
+    await transport.connect()
+    try:
+        deliveries = transport.deliveries()
+        first = asyncio.ensure_future(anext(deliveries))
+        await close_consume_channel(transport)  # before the consumer's task has even run
+        async with queues.client("count-words") as client:
+            task_id = await client.submit({"text": "after the close"})
+            delivery = await asyncio.wait_for(first, timeout=30)
+        assert task_id.encode() in delivery.body
+        assert transport.consuming
+        await transport.ack(delivery)
+    finally:
+        await transport.stop_consuming()
+        await transport.close()

@@ -34,6 +34,7 @@ from typing import Any, Final
 
 import aiormq
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractQueue
+from aio_pika.exceptions import ChannelInvalidStateError
 
 from async_task_api_worker.errors import (
     BrokerRefusedError,
@@ -68,6 +69,15 @@ class _Handle:
     lost: bool = False
     settled: bool = False
     trail: ReportTrail = field(default_factory=ReportTrail)
+
+
+#: What starting a consumer raises when its channel or connection closes meanwhile.
+_CHANNEL_GONE: Final = (
+    aiormq.exceptions.ChannelClosed,
+    aiormq.exceptions.AMQPConnectionError,
+    ChannelInvalidStateError,
+    ConnectionError,
+)
 
 
 class _GaveUp:
@@ -165,6 +175,9 @@ class RabbitMQTransport(EnvelopeBodies):
         self._stopping = False
         self._channel_failures: list[float] = []
         self._channel_open = True
+        self._reopened = asyncio.Event()  # set while the consume channel is open
+        self._reopened.set()
+        self._gave_up: BrokerUnavailableError | None = None
         self._settles: ChannelSettles | None = None
 
     # ------------------------------------------------------------------ connecting
@@ -252,7 +265,7 @@ class RabbitMQTransport(EnvelopeBodies):
         """
         if self._in_queue is None:
             raise TransportError("connect() first")
-        self._consumer_tag = await self._in_queue.consume(self._on_message)
+        await self._start_consuming(self._in_queue)
         while True:
             item = await self._inbox.get()
             if item is None:
@@ -292,6 +305,34 @@ class RabbitMQTransport(EnvelopeBodies):
         self._in_flight[id(handle)] = delivery
         self._inbox.put_nowait(delivery)
 
+    async def _start_consuming(self, queue: AbstractQueue) -> None:
+        """``basic.consume``; again on the reopened channel if the broker closes it meanwhile.
+
+        aio-pika restores only a consumer that started, so a close that crosses the start (it
+        is counted by the close callback, as any) is waited out here.
+
+        Raises:
+            BrokerUnavailableError: the channel kept closing (the transport gave up).
+        """
+        while True:
+            try:
+                self._consumer_tag = await queue.consume(self._on_message)
+                return
+            except _CHANNEL_GONE as exc:
+                channel = self._consume_channel
+                if channel is not None and channel.is_closed:
+                    self._reopened.clear()  # its reopen (or the give-up) sets it
+                if self._gave_up is not None:
+                    raise self._gave_up from exc
+                if self._stopping:
+                    raise TransportError("stopped while the consumer started") from exc
+                _logger.info(
+                    "The consume channel closed while the consumer started (%s); starting it "
+                    "again once the channel reopens",
+                    type(exc).__name__,
+                )
+                await self._reopened.wait()
+
     def _settles_of(self, channel: object) -> ChannelSettles:
         # Delivery tags belong to one channel, and start at 1 again on a reopened one.
         settles = self._settles
@@ -309,6 +350,7 @@ class RabbitMQTransport(EnvelopeBodies):
         if self._stopping or not self._channel_open:  # our own shutdown, or a repeat
             return
         self._channel_open = False
+        self._reopened.clear()
         lost = list(self._in_flight.values())
         self._in_flight.clear()
         for delivery in lost:
@@ -332,17 +374,16 @@ class RabbitMQTransport(EnvelopeBodies):
             t for t in self._channel_failures if now - t < CHANNEL_FAILURE_WINDOW_S
         ] + [now]
         if len(self._channel_failures) >= MAX_CHANNEL_FAILURES:
-            self._inbox.put_nowait(
-                _GaveUp(
-                    BrokerUnavailableError(
-                        f"the consume channel closed {len(self._channel_failures)} times in "
-                        f"{CHANNEL_FAILURE_WINDOW_S:g} s; giving up"
-                    )
-                )
+            self._gave_up = BrokerUnavailableError(
+                f"the consume channel closed {len(self._channel_failures)} times in "
+                f"{CHANNEL_FAILURE_WINDOW_S:g} s; giving up"
             )
+            self._inbox.put_nowait(_GaveUp(self._gave_up))
+            self._reopened.set()  # a consumer waiting to start learns it here
 
     def _on_consume_channel_reopened(self, _sender: object) -> None:
         self._channel_open = True
+        self._reopened.set()
         _logger.info("The consume channel reopened; consuming %s again", self._in_queue_name)
 
     async def stop_consuming(self) -> None:
