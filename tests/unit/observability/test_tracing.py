@@ -13,6 +13,7 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
 from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.semconv._incubating.attributes import messaging_attributes as messaging
@@ -241,3 +242,24 @@ def test_without_the_extra_the_worker_runs_untraced() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "untraced"
+
+
+def test_a_step_functions_child_continues_the_trace_of_its_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from async_task_api_worker.sfn import task_child
+
+    worker = Worker("svc")
+
+    @worker.task(timeout=5)
+    def handle(task_input: Input, ctx: SyncTaskContext) -> Output:
+        trace_id, span_id = tracing.current_ids() or ("", "")
+        return Output(seen_trace_id=trace_id, seen_parent_id=span_id)
+
+    with traced() as spans, spans.tracer.start_as_current_span("process q") as process:
+        for name, value in tracing.carrier_to_env().items():  # as sfn.subprocesses sets them
+            monkeypatch.setenv(name, value)
+    assert isinstance(process, ReadableSpan)
+    conclusion = task_child._conclude(worker, json.dumps({"task_token": "t", "input": {}}))
+    trace_id, span_id = ids(process)
+    assert conclusion.value == {"seen_trace_id": trace_id, "seen_parent_id": span_id}  # type: ignore[union-attr]
