@@ -1,12 +1,13 @@
 """The worker's settings, read from environment variables by pydantic-settings.
 
 Every duration is a float in seconds (names end in ``_s``), every size an int in bytes (``_bytes``).
-The README's settings table lists them all; this module is its source.
+The README's settings table lists them all; this module is its source. Where a value comes
+from, first to last: a command-line flag (:data:`SETTING_FLAGS`), the environment, a ``.env``
+file in the current directory, the default.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from enum import StrEnum
 from typing import Annotated, Any, Final
@@ -14,19 +15,30 @@ from typing import Annotated, Any, Final
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from async_task_api_worker.errors import SettingsError, TimeBudgetError
+from async_task_api_worker.broker_rules import (
+    check_time_budget,
+    describe_time_budget,
+    split_broker_urls,
+)
+from async_task_api_worker.errors import SettingsError
 from async_task_api_worker.protocol.encoding import MAX_REPORT_BYTES
+from async_task_api_worker.setting_flags import SETTING_FLAGS, SettingFlag, flag_arguments, named
 
 __all__ = [
+    "ENV_FILE",
     "MAX_WORKER_PROCESSES",
+    "SETTING_FLAGS",
     "SILENT_HEARTBEATS_TO_DEAD",
     "EventLoopKind",
+    "LogFormat",
     "LogLevel",
+    "SettingFlag",
     "WorkerMode",
     "WorkerSettings",
     "WorkerTransport",
     "check_time_budget",
     "describe_time_budget",
+    "flag_arguments",
     "load_settings",
     "split_broker_urls",
 ]
@@ -39,8 +51,8 @@ SILENT_HEARTBEATS_TO_DEAD: Final = 2
 #: a thousand interpreters.
 MAX_WORKER_PROCESSES: Final = 128
 
-#: The schemes ``BROKER_URL`` accepts, and their default ports.
-_AMQP_PORTS: Final = {"amqp": 5672, "amqps": 5671}
+#: The file of settings read from the current directory, below the environment.
+ENV_FILE: Final = ".env"
 
 PositiveSeconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 NonNegativeSeconds = Annotated[float, Field(ge=0, allow_inf_nan=False)]
@@ -73,14 +85,35 @@ class EventLoopKind(StrEnum):
     UVLOOP = "uvloop"
 
 
-class LogLevel(StrEnum):
-    """The stdlib logging levels ``LOG_LEVEL`` accepts."""
+class _AnyCase(StrEnum):
+    """An enum whose values are matched whatever their case (``debug`` is ``DEBUG``)."""
+
+    @classmethod
+    def _missing_(cls, value: object) -> _AnyCase | None:
+        if isinstance(value, str):
+            for member in cls:
+                if member.value.casefold() == value.casefold():
+                    return member
+        return None
+
+
+class LogLevel(_AnyCase):
+    """The stdlib logging levels ``LOG_LEVEL`` accepts, in any case."""
 
     DEBUG = "DEBUG"
     INFO = "INFO"
     WARNING = "WARNING"
     ERROR = "ERROR"
     CRITICAL = "CRITICAL"
+
+
+class LogFormat(_AnyCase):
+    """How a log record is written (``LOG_FORMAT``): one line either way, the same fields."""
+
+    #: One JSON object per line, for log collectors.
+    JSON = "json"
+    #: ``ts level logger msg key=value...``, for a person reading a terminal.
+    TEXT = "text"
 
 
 class WorkerSettings(BaseSettings):
@@ -91,7 +124,14 @@ class WorkerSettings(BaseSettings):
     """
 
     model_config = SettingsConfigDict(
-        case_sensitive=False, extra="forbid", frozen=True, validate_default=True
+        case_sensitive=False,
+        extra="forbid",
+        frozen=True,
+        validate_default=True,
+        env_file=ENV_FILE,
+        env_file_encoding="utf-8",
+        # A .env holds the application's variables too (AWS_..., its own): only ours are read.
+        dotenv_filtering="only_existing",
     )
 
     # --- broker -------------------------------------------------------------------------------
@@ -145,7 +185,8 @@ class WorkerSettings(BaseSettings):
     worker_retry_backoff_s: NonNegativeSeconds = 1.0
     """First retry backoff, in seconds; doubles with each attempt."""
     worker_retry_backoff_max_s: NonNegativeSeconds = 30.0
-    """Cap of every retry backoff, in seconds (``retry_delay_s`` included)."""
+    """Cap of every retry backoff, in seconds (``retry_delay_s`` included); at least
+    ``WORKER_RETRY_BACKOFF_S``."""
     worker_progress_min_interval_s: NonNegativeSeconds = 1.0
     """At most one ``progress`` report per this many seconds per task."""
     worker_event_loop: EventLoopKind = EventLoopKind.AUTO
@@ -169,7 +210,9 @@ class WorkerSettings(BaseSettings):
     health_check_port: Annotated[int, Field(ge=0, le=65535)] = 8083
     """Port of the probes server (``/health``, ``/ready``, ``/metrics``); 0 picks a free one."""
     log_level: LogLevel = LogLevel.INFO
-    """Level of the SDK's JSON logs."""
+    """Level of the SDK's logs, in any case."""
+    log_format: LogFormat = LogFormat.JSON
+    """``json`` (one JSON object per line) or ``text`` (one readable line per record)."""
 
     @field_validator("broker_url")
     @classmethod
@@ -199,14 +242,20 @@ class WorkerSettings(BaseSettings):
         if self.worker_processes > 1 and self.worker_mode is WorkerMode.JOB:
             # A job's quota, idle exit and exit code describe one process: the pod's.
             raise ValueError(
-                "WORKER_PROCESSES (--processes): job mode runs one process (its quota and exit "
+                f"{named('WORKER_PROCESSES')}: job mode runs one process (its quota and exit "
                 "code are the pod's); run one process and more jobs"
             )
         if self.worker_processes > 1 and self.worker_transport is WorkerTransport.SQS_SFN:
             # One process clearing the task's protection would expose another's message.
             raise ValueError(
-                "WORKER_PROCESSES (--processes): sqs-sfn runs one process per ECS task (task "
+                f"{named('WORKER_PROCESSES')}: sqs-sfn runs one process per ECS task (task "
                 "protection is task-wide); run one process and more tasks"
+            )
+        if self.worker_retry_backoff_s > self.worker_retry_backoff_max_s:
+            # The cap would silently win over the first backoff: say which one to change.
+            raise ValueError(
+                "WORKER_RETRY_BACKOFF_S: must not exceed WORKER_RETRY_BACKOFF_MAX_S (lower the "
+                "first or raise the cap)"
             )
         return self
 
@@ -234,8 +283,8 @@ class WorkerSettings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        """Read the constructor's values, then the environment; no ``.env`` or secrets dir."""
-        return (init_settings, env_settings)
+        """Read the constructor's values, then the environment, then ``.env``; no secrets dir."""
+        return (init_settings, env_settings, dotenv_settings)
 
     def in_queue(self, service: str) -> str:
         """The input queue's name for the worker ``service``."""
@@ -251,7 +300,7 @@ class WorkerSettings(BaseSettings):
 
 
 class _ValuesOnlySettings(WorkerSettings):
-    """The same settings built from given values only: no environment variable is read."""
+    """The same settings built from given values only: no environment variable, no ``.env``."""
 
     @classmethod
     def settings_customise_sources(
@@ -272,110 +321,32 @@ def load_settings(
     """Build and validate the settings.
 
     Args:
-        values: field values (``{"worker_delivery_limit": 3}``); they win over the environment.
-        read_environment: read the environment variables too (``False`` in the test harness).
+        values: field values (``{"worker_delivery_limit": 3}``; a command line's flags); they
+            win over the environment, which wins over :data:`ENV_FILE`.
+        read_environment: read the environment variables and :data:`ENV_FILE` too (``False``
+            in the test harness). Of the file, only the variables of these settings are read.
 
     Returns:
         The validated settings.
 
     Raises:
-        SettingsError: a value is invalid or unknown. The message is one line naming the
-            variable and the rule it breaks, never the value (a URL may hold a password).
+        SettingsError: a value is invalid or unknown (a flag is named with its variable), or
+            :data:`ENV_FILE` cannot be read. The message is one line naming the variable and
+            the rule it breaks, never the value (a URL may hold a password).
     """
     cls = WorkerSettings if read_environment else _ValuesOnlySettings
     try:
         return cls(**dict(values or {}))
+    except UnicodeDecodeError:  # the .env file, the one file read
+        raise SettingsError(f"invalid setting file {ENV_FILE}: not UTF-8 text") from None
+    except OSError as exc:
+        why = exc.strerror or type(exc).__name__
+        raise SettingsError(f"invalid setting file {ENV_FILE}: cannot be read ({why})") from None
     except ValidationError as exc:
         first = exc.errors(include_url=False, include_input=False)[0]
-        name = ".".join(str(part) for part in first["loc"]).upper()
-        if name in _FLAG_OF:  # the flag may be what set it
-            name = f"{name} ({_FLAG_OF[name]})"
+        name = named(".".join(str(part) for part in first["loc"]).upper())
         more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
         rule = first["msg"].removeprefix("Value error, ")
         # A rule between settings names its variable itself ("SQS_QUEUE_URL: required ...").
         subject = f"{name}: {rule}" if name else rule
         raise SettingsError(f"invalid setting {subject}{more}") from None
-
-
-#: The command-line flags that set a variable, named with it in an error.
-_FLAG_OF: Final = {"WORKER_PROCESSES": "--processes"}
-
-
-def split_broker_urls(value: str) -> tuple[str, ...]:
-    """Split ``BROKER_URL`` at its commas and check each URL.
-
-    Rule: each is ``amqp://`` or ``amqps://``, names a host, and any port is in 1..65535.
-
-    Returns:
-        The URLs, stripped of surrounding white space, in the order given.
-
-    Raises:
-        ValueError: a URL breaks the rule; the message names its position, never its text.
-    """
-    from urllib.parse import urlsplit
-
-    urls = tuple(part.strip() for part in value.split(","))
-    for position, url in enumerate(urls, start=1):
-        which = f"URL {position} of {len(urls)}" if len(urls) > 1 else "the URL"
-        if not url:
-            raise ValueError(f"{which} is empty (a comma too many?)")
-        try:
-            parts = urlsplit(url)
-            port = parts.port
-        except ValueError:
-            raise ValueError(
-                f"{which} has a port out of 1..65535 or does not parse (a comma, @, : or / in "
-                "a user name or password must be percent-encoded)"
-            ) from None
-        if any(character.isspace() for character in url):
-            raise ValueError(f"{which} holds white space (separate several URLs with commas)")
-        if parts.scheme not in _AMQP_PORTS:
-            raise ValueError(f"{which} must be an amqp:// or amqps:// URL")
-        if not parts.hostname:
-            raise ValueError(f"{which} names no host")
-        if port == 0:
-            raise ValueError(f"{which} has a port out of 1..65535")
-    return urls
-
-
-def check_time_budget(settings: WorkerSettings, declared_timeout_s: float) -> float:
-    """Check that a task can always be settled before the broker's consumer timeout.
-
-    Rule (RabbitMQ closes the channel of a delivery left unacked past ``consumer_timeout``,
-    checked on its channel tick): ``task timeout + WORKER_RETRY_BACKOFF_MAX_S +
-    WORKER_CONSUMER_TIMEOUT_CHECK_INTERVAL_S < WORKER_CONSUMER_TIMEOUT_S``.
-
-    Args:
-        settings: the worker's settings.
-        declared_timeout_s: the ``@worker.task(timeout=...)`` value, in seconds.
-
-    Returns:
-        The effective task timeout, in seconds.
-
-    Raises:
-        TimeBudgetError: the rule does not hold; the one-line message gives the numbers.
-    """
-    timeout_s = settings.task_timeout_s(declared_timeout_s)
-    check_s = settings.worker_consumer_timeout_check_interval_s
-    needed_s = timeout_s + settings.worker_retry_backoff_max_s + check_s
-    if not needed_s < settings.worker_consumer_timeout_s or not math.isfinite(needed_s):
-        raise TimeBudgetError(
-            f"{describe_time_budget(settings, timeout_s)} must be under "
-            f"WORKER_CONSUMER_TIMEOUT_S {settings.worker_consumer_timeout_s:g} s: lower the task "
-            "timeout or WORKER_RETRY_BACKOFF_MAX_S, or raise the broker's consumer_timeout "
-            "(rabbitmq.conf, in ms) and WORKER_CONSUMER_TIMEOUT_S to match; a broker that checks "
-            "it more often (channel_tick_interval) allows a lower "
-            "WORKER_CONSUMER_TIMEOUT_CHECK_INTERVAL_S"
-        )
-    return timeout_s
-
-
-def describe_time_budget(settings: WorkerSettings, timeout_s: float) -> str:
-    """The budget's sum in words: ``task timeout 30 s + ... = 120 s`` (for errors and ``check``)."""
-    backoff_s = settings.worker_retry_backoff_max_s
-    check_s = settings.worker_consumer_timeout_check_interval_s
-    return (
-        f"task timeout {timeout_s:g} s + WORKER_RETRY_BACKOFF_MAX_S {backoff_s:g} s + "
-        f"WORKER_CONSUMER_TIMEOUT_CHECK_INTERVAL_S {check_s:g} s = "
-        f"{timeout_s + backoff_s + check_s:g} s"
-    )

@@ -75,12 +75,12 @@ def test_the_broker_password_never_shows_in_the_settings_repr() -> None:
     ("variable", "value", "expected"),
     [
         ("WORKER_DELIVERY_LIMIT", "0", "invalid setting WORKER_DELIVERY_LIMIT: "),
-        ("WORKER_CONCURRENCY", "many", "invalid setting WORKER_CONCURRENCY: "),
+        ("WORKER_CONCURRENCY", "many", "invalid setting WORKER_CONCURRENCY (--concurrency): "),
         ("WORKER_MODE", "batch", "invalid setting WORKER_MODE: "),
         ("WORKER_TASK_TIMEOUT_S", "-1", "invalid setting WORKER_TASK_TIMEOUT_S: "),
         ("WORKER_SHUTDOWN_GRACE_S", "nan", "invalid setting WORKER_SHUTDOWN_GRACE_S: "),
-        ("HEALTH_CHECK_PORT", "70000", "invalid setting HEALTH_CHECK_PORT: "),
-        ("LOG_LEVEL", "LOUD", "invalid setting LOG_LEVEL: "),
+        ("HEALTH_CHECK_PORT", "70000", "invalid setting HEALTH_CHECK_PORT (--health-port): "),
+        ("LOG_LEVEL", "LOUD", "invalid setting LOG_LEVEL (--log-level): "),
     ],
 )
 def test_a_bad_setting_is_one_line_naming_the_variable_not_the_value(

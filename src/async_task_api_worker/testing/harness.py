@@ -136,8 +136,10 @@ class WorkerHarness:
     Args:
         worker: the worker to test.
         settings_overrides: ``WorkerSettings`` field values (``{"worker_task_timeout_s": 0.1}``).
-            No environment variable is read; the time budget is checked as at startup. Retry
-            backoffs default to a millisecond; every other setting is the production default.
+            No environment variable (and no ``.env``) is read; the time budget is checked as
+            at startup. Retry backoffs default to a millisecond (a first backoff above that
+            needs its cap, ``worker_retry_backoff_max_s``, too); every other setting is the
+            production default.
 
     Raises:
         NoTaskError: the worker has no task.
@@ -156,9 +158,13 @@ class WorkerHarness:
         self.settings = load_settings(values, read_environment=False)
         task = worker.task_definition
         # The budget is checked as production would: with the overrides, but with the real
-        # backoff cap, not the harness's millisecond.
+        # backoff cap, not the harness's millisecond (under which the first backoff stays).
         check_time_budget(
-            load_settings(settings_overrides or {}, read_environment=False), task.timeout_s
+            load_settings(
+                {"worker_retry_backoff_s": HARNESS_BACKOFF_S, **dict(settings_overrides or {})},
+                read_environment=False,
+            ),
+            task.timeout_s,
         )
         self.transport = InMemoryTransport(prefetch=self.settings.worker_concurrency)
         """The in-memory broker: its ``published``, ``acked`` and ``dead_letters``."""

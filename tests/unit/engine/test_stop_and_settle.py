@@ -372,6 +372,7 @@ async def test_past_the_hold_the_delivery_is_given_back_without_burning_an_attem
         worker_consumer_timeout_s=2.0,
         worker_consumer_timeout_check_interval_s=0.5,
         worker_task_timeout_s=0.1,
+        worker_retry_backoff_s=0.1,
         worker_retry_backoff_max_s=0.1,
     )
     settlement = await engine.handle(deliver(transport))
