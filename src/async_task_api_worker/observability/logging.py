@@ -1,10 +1,12 @@
-"""The SDK's logs: one JSON object per line, with the fields of the task being run.
+"""The SDK's logs: one line per record, with the fields of the task being run.
 
 Source: seed "Probes, metrics and logs". Every record becomes one line with ``ts`` (UTC, RFC
 3339), ``level``, ``logger`` and ``msg``, plus ``task_id``, ``service`` and ``attempt`` while a
 task runs (the engine binds them around each handler call; asyncio tasks, ``asyncio.to_thread``
 and the ``def`` handler threads copy them), plus the record's own structured fields (the
-decision line's ``outcome``, ``action``, ``code``...).
+decision line's ``outcome``, ``action``, ``code``...). :func:`record_fields` picks them; the
+line is a JSON object (:class:`JsonFormatter`, ``LOG_FORMAT=json``) or text for a person
+(:class:`TextFormatter`, ``LOG_FORMAT=text``).
 
 The SDK adds its handler only if the application configured none on the root logger: an
 application's own handlers and format are kept, and nothing is printed twice.
@@ -33,8 +35,10 @@ __all__ = [
     "RECORD_ATTRIBUTES",
     "JsonFormatter",
     "TaskContextFilter",
+    "TextFormatter",
     "configure_logging",
     "json_scalar",
+    "record_fields",
     "redact_secrets",
 ]
 
@@ -161,71 +165,126 @@ def _message(record: logging.LogRecord) -> str:
     return redact_secrets(_cut(message, MAX_MESSAGE_CHARS))
 
 
-class JsonFormatter(logging.Formatter):
-    """Formats a record as one JSON object on one line.
+def record_fields(record: logging.LogRecord, formatter: logging.Formatter) -> dict[str, Any]:
+    """The fields of ``record``'s line, in their order; what every format writes.
 
-    Keys: ``ts`` (``2026-11-30T01:25:12.123456Z``), ``level``, ``logger``, ``msg``; then the
-    task fields when bound; then the record's other ``extra`` fields that are not ``None``
-    (values that are not JSON scalars become strings, cut at 4,096 characters); ``exc`` holds
-    a traceback when the record carries one. URL passwords are replaced by ``***`` in every
-    string, keys included. A message is cut at 64 KiB. Never raises: a message whose arguments
-    cannot be formatted is logged as its template, without them.
+    ``ts`` (``2026-11-30T01:25:12.123456Z``), ``level``, ``logger``, ``msg``; then the task
+    fields when bound; then the record's other ``extra`` fields that are not ``None`` (values
+    that are not JSON scalars become strings, cut at 4,096 characters); ``exc`` holds a
+    traceback when the record carries one (formatted by ``formatter``), ``stack`` its stack
+    info. URL passwords are replaced by ``***`` in every string, keys included. A message is
+    cut at 64 KiB. Never raises: a message whose arguments cannot be formatted is its template,
+    without them.
     """
+    line: dict[str, Any] = {
+        "ts": datetime.fromtimestamp(record.created, UTC)
+        .isoformat(timespec="microseconds")
+        .replace("+00:00", "Z"),
+        "level": record.levelname,
+        "logger": record.name,
+        "msg": _message(record),
+    }
+    for name in TASK_FIELDS:
+        value = getattr(record, name, None)
+        if value is not None:
+            line[name] = json_scalar(value)
+    for name, value in record.__dict__.items():
+        if value is None or name in RECORD_ATTRIBUTES or name in line or name.startswith("_"):
+            continue
+        line[redact_secrets(str(name))] = json_scalar(value)  # a key may hold a URL too
+    exc = record.exc_text
+    if record.exc_info and record.exc_info[1] is not None:
+        try:
+            exc = formatter.formatException(record.exc_info)
+        except Exception as error:
+            exc = f"(the traceback could not be formatted: {type(error).__name__})"
+    if exc:
+        line["exc"] = redact_secrets(_cut(exc, MAX_MESSAGE_CHARS))
+    if record.stack_info:
+        line["stack"] = _cut(formatter.formatStack(record.stack_info), MAX_MESSAGE_CHARS)
+    return line
+
+
+class JsonFormatter(logging.Formatter):
+    """Formats a record as one JSON object on one line: the keys of :func:`record_fields`."""
 
     def format(self, record: logging.LogRecord) -> str:
         """Return ``record`` as one line of JSON (no trailing newline)."""
-        line: dict[str, Any] = {
-            "ts": datetime.fromtimestamp(record.created, UTC)
-            .isoformat(timespec="microseconds")
-            .replace("+00:00", "Z"),
-            "level": record.levelname,
-            "logger": record.name,
-            "msg": _message(record),
-        }
-        for name in TASK_FIELDS:
-            value = getattr(record, name, None)
-            if value is not None:
-                line[name] = json_scalar(value)
-        for name, value in record.__dict__.items():
-            if value is None or name in RECORD_ATTRIBUTES or name in line or name.startswith("_"):
-                continue
-            line[redact_secrets(str(name))] = json_scalar(value)  # a key may hold a URL too
-        exc = record.exc_text
-        if record.exc_info and record.exc_info[1] is not None:
-            try:
-                exc = self.formatException(record.exc_info)
-            except Exception as error:
-                exc = f"(the traceback could not be formatted: {type(error).__name__})"
-        if exc:
-            line["exc"] = redact_secrets(_cut(exc, MAX_MESSAGE_CHARS))
-        if record.stack_info:
-            line["stack"] = _cut(self.formatStack(record.stack_info), MAX_MESSAGE_CHARS)
         # ASCII only: a lone surrogate (from a task input) travels escaped, and never makes
         # the write to the stream fail.
-        return json.dumps(line, ensure_ascii=True)
+        return json.dumps(record_fields(record, self), ensure_ascii=True)
 
 
-class _JsonLinesHandler(logging.StreamHandler):  # type: ignore[type-arg]
+# What would end a line for some reader (str.splitlines breaks at all of these) or could not be
+# written to a UTF-8 stream (a lone surrogate, from a task input): written as JSON escapes.
+_UNSAFE: Final = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff]")
+# A value with one of these is quoted, so that ``key=value`` pairs stay apart.
+_QUOTED: Final = re.compile(r'[\s"=\\]')
+
+
+def _escaped(text: str) -> str:
+    return _UNSAFE.sub(lambda found: json.dumps(found.group())[1:-1], text)
+
+
+def _text_value(value: Any) -> str:
+    if not isinstance(value, str):
+        return json.dumps(value)  # a number, true or false, as in the JSON line
+    if value and not _QUOTED.search(value) and not _UNSAFE.search(value):
+        return value
+    return _escaped(json.dumps(value, ensure_ascii=False))
+
+
+class TextFormatter(logging.Formatter):
+    r"""Formats a record as one line of text for a person, with the fields of the JSON line.
+
+    ``2026-12-02T05:21:24.123456Z INFO  async_task_api_worker.engine Task done task_id=abc
+    attempt=1 outcome=success``: ``ts``, ``level`` (padded to five), ``logger`` and ``msg``,
+    then every other field of :func:`record_fields` as ``key=value``, a value quoted as a JSON
+    string when it is empty or holds white space, ``"``, ``=`` or ``\``. Line breaks (a
+    traceback's too) and lone surrogates are written as JSON escapes (``\n``): one record, one
+    line.
+    """
+
+    def format(self, record: logging.LogRecord) -> str:
+        """Return ``record`` as one line of text (no trailing newline)."""
+        fields = record_fields(record, self)
+        head = (
+            f"{fields.pop('ts')} {fields.pop('level'):<5} {_escaped(fields.pop('logger'))} "
+            f"{_escaped(fields.pop('msg'))}"
+        )
+        pairs = (f"{_escaped(name)}={_text_value(value)}" for name, value in fields.items())
+        return " ".join((head, *pairs))
+
+
+class _LinesHandler(logging.StreamHandler):  # type: ignore[type-arg]
     """A stream handler that, if a line cannot be written, says so in one line of its own.
 
     The standard ``handleError`` prints the record's message and arguments, unredacted, to
-    stderr; this one prints neither.
+    stderr; this one prints neither, in the handler's own format.
     """
 
     def handleError(self, record: logging.LogRecord) -> None:
         error = sys.exc_info()[1]
         with contextlib.suppress(Exception):
-            sys.stderr.write(
-                json.dumps(
-                    {
-                        "level": "ERROR",
-                        "logger": "async_task_api_worker.observability.logging",
-                        "msg": f"A log record of {record.name} could not be written "
-                        f"({type(error).__name__})",
-                    }
-                )
-                + "\n"
+            said = logging.LogRecord(
+                __name__,
+                logging.ERROR,
+                __file__,
+                0,
+                f"A log record of {record.name} could not be written ({type(error).__name__})",
+                None,
+                None,
             )
+            sys.stderr.write((self.formatter or JsonFormatter()).format(said) + "\n")
+
+
+#: The broker client's lines for each failed connection attempt (aiormq's, then aio-pika's on a
+#: reconnect), by logger and the start of their template. The SDK logs its own line per retry
+#: (``Cannot reach the broker ...``; ``The connection ... closed ...; reconnecting``).
+_ATTEMPT_FAILED: Final = (
+    ("aiormq.connection", "error when creating transport"),
+    ("aio_pika.robust_connection", "Connection attempt to "),
+)
 
 
 class _DowngradeToWarning(logging.Filter):
@@ -234,10 +293,18 @@ class _DowngradeToWarning(logging.Filter):
     aio-pika and aiormq log a connection loss, a failed reconnect attempt and a callback that
     failed on the closing channel as ERROR lines, some with a traceback; the connection then
     recovers by itself (and the SDK says what happened to the deliveries), so they are
-    warnings, and the exception's type is enough.
+    warnings, and the exception's type is enough. Their lines for a failed connection attempt
+    repeat the SDK's own line of that retry: they are DEBUG lines, shown at ``LOG_LEVEL=DEBUG``
+    only.
     """
 
     def filter(self, record: logging.LogRecord) -> bool:
+        template = record.msg if isinstance(record.msg, str) else ""
+        if any(
+            record.name == name and template.startswith(start) for name, start in _ATTEMPT_FAILED
+        ):
+            record.levelno, record.levelname = logging.DEBUG, logging.getLevelName(logging.DEBUG)
+            return logging.getLogger("async_task_api_worker").isEnabledFor(logging.DEBUG)
         if record.levelno > logging.WARNING:
             record.levelno = logging.WARNING
             record.levelname = logging.getLevelName(logging.WARNING)
@@ -249,8 +316,13 @@ class _DowngradeToWarning(logging.Filter):
         return True
 
 
-def configure_logging(level: str, *, stream: IO[str] | None = None) -> bool:
-    """Set up the SDK's JSON lines on ``stream`` (default: stdout) at ``level`` (``LOG_LEVEL``).
+def configure_logging(
+    level: str, *, log_format: str = "json", stream: IO[str] | None = None
+) -> bool:
+    """Set up the SDK's log lines on ``stream`` (default: stdout) at ``level`` (``LOG_LEVEL``).
+
+    ``log_format`` (``LOG_FORMAT``) is ``json`` (:class:`JsonFormatter`) or ``text``
+    (:class:`TextFormatter`).
 
     If the root logger already has handlers (the application configured logging), they are
     kept, nothing is added, and only the SDK's own logger level is set: the format, and the
@@ -266,12 +338,12 @@ def configure_logging(level: str, *, stream: IO[str] | None = None) -> bool:
     # The broker client narrates every reconnect at INFO; the SDK says what matters itself.
     for chatty in ("aio_pika", "aiormq"):
         logging.getLogger(chatty).setLevel(max(logging.WARNING, logging.getLevelName(level)))
-    for noisy in ("aio_pika.tools", "aio_pika.robust_connection", "aiormq.connection"):
+    for noisy in {"aio_pika.tools", *(name for name, _ in _ATTEMPT_FAILED)}:
         client = logging.getLogger(noisy)
         if not any(isinstance(known, _DowngradeToWarning) for known in client.filters):
             client.addFilter(_DowngradeToWarning())
-    handler = _JsonLinesHandler(stream or sys.stdout)
-    handler.setFormatter(JsonFormatter())
+    handler = _LinesHandler(stream or sys.stdout)
+    handler.setFormatter(TextFormatter() if log_format == "text" else JsonFormatter())
     handler.addFilter(TaskContextFilter())
     root.addHandler(handler)
     root.setLevel(level)
