@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
 
 from async_task_api_worker._version import __version__
 from async_task_api_worker.errors import ConfigError
 from async_task_api_worker.runtime.exit_codes import ExitCode
+from async_task_api_worker.settings import SETTING_FLAGS, WorkerSettings
 
 __all__ = ["main"]
 
@@ -18,14 +18,37 @@ PROG = "async-task-api-worker"
 #: The shell's convention for a process ended by SIGINT (128 + 2).
 INTERRUPTED = 130
 
-#: ``--processes`` of ``run`` and ``check``: ``WORKER_PROCESSES``, which it overrides.
-_PROCESSES: dict[str, Any] = {
-    "type": int,
-    "default": None,
-    "metavar": "N",
-    "help": "worker processes, each with its own broker connection, under a supervisor when "
-    "above 1 (default: WORKER_PROCESSES, else 1)",
-}
+
+def _add_setting_flags(
+    parser: argparse.ArgumentParser, *, processes: bool, defaults: Mapping[str, str] | None = None
+) -> None:
+    """Add the flags of ``settings.SETTING_FLAGS`` (``--processes`` only if ``processes``).
+
+    Each stores its text under its field's name, ``None`` when absent: pydantic validates it
+    with the rest, so a bad one is the same one-line error as a bad variable.
+    """
+    for setting in SETTING_FLAGS:
+        if setting.field == "worker_processes" and not processes:
+            continue
+        default = (defaults or {}).get(setting.field)
+        if default is None:
+            default = str(WorkerSettings.model_fields[setting.field].default)
+        parser.add_argument(
+            setting.flag,
+            dest=setting.field,
+            default=None,
+            metavar=setting.metavar,
+            help=f"{setting.help} (default: {setting.variable}, else {default})",
+        )
+
+
+def _setting_flags(arguments: argparse.Namespace) -> dict[str, str]:
+    """The settings the command line gave, by field name: they win over the environment."""
+    return {
+        setting.field: value
+        for setting in SETTING_FLAGS
+        if (value := getattr(arguments, setting.field, None)) is not None
+    }
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -41,14 +64,14 @@ def _parser() -> argparse.ArgumentParser:
         "(settings from the environment)",
     )
     run.add_argument("target", help="my_module:worker (a Worker, or a function returning one)")
-    run.add_argument("--processes", **_PROCESSES)
+    _add_setting_flags(run, processes=True)
 
     check = commands.add_parser(
         "check",
         help="check a worker's definition, settings and time budget; print the shutdown bound",
     )
     check.add_argument("target", help="my_module:worker")
-    check.add_argument("--processes", **_PROCESSES)
+    _add_setting_flags(check, processes=True)
 
     dev = commands.add_parser(
         "dev",
@@ -57,6 +80,9 @@ def _parser() -> argparse.ArgumentParser:
     dev.add_argument("target", help="my_module:worker")
     dev.add_argument(
         "file", nargs="?", default="-", help="JSON lines of task inputs (default: stdin)"
+    )
+    _add_setting_flags(
+        dev, processes=False, defaults={"log_format": "text on a terminal, json otherwise"}
     )
 
     tick = commands.add_parser(
@@ -70,6 +96,7 @@ def _parser() -> argparse.ArgumentParser:
     tick.add_argument(
         "--max-new", type=int, default=1, help="new tasks to take in this tick (default 1)"
     )
+    _add_setting_flags(tick, processes=False)
 
     submit = commands.add_parser(
         "submit",
@@ -108,15 +135,16 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the process exit code."""
     arguments = _parser().parse_args(argv)
+    flags = _setting_flags(arguments)
     try:
         if arguments.command == "run":
             from async_task_api_worker.cli.commands.run import run_command
 
-            return run_command(arguments.target, processes=arguments.processes)
+            return run_command(arguments.target, flags=flags)
         if arguments.command == "check":
             from async_task_api_worker.cli.commands.check import check_command
 
-            return check_command(arguments.target, processes=arguments.processes)
+            return check_command(arguments.target, flags=flags)
         if arguments.command == "tick":
             from async_task_api_worker.cli.commands.tick import tick_command
 
@@ -125,11 +153,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 state_dir=arguments.state_dir,
                 budget_s=arguments.budget_s,
                 max_new=arguments.max_new,
+                flags=flags,
             )
         if arguments.command == "dev":
             from async_task_api_worker.cli.commands.dev import dev_command
 
-            return dev_command(arguments.target, arguments.file)
+            return dev_command(arguments.target, arguments.file, flags=flags)
         from async_task_api_worker.cli.commands.submit import submit_command
 
         return submit_command(

@@ -34,6 +34,7 @@ from async_task_api_worker.settings import (
 )
 
 __all__ = [
+    "check_worker",
     "prepare",
     "run_worker",
     "runner_for",
@@ -48,12 +49,28 @@ _logger = logging.getLogger("async_task_api_worker.runtime")
 def prepare(worker: Worker, overrides: Mapping[str, Any] | None = None) -> WorkerSettings:
     """Load the settings and check the worker against them, before any connection.
 
+    Args:
+        worker: the worker.
+        overrides: field values that win over the environment (a command line's flags).
+
     Raises:
         SettingsError: a setting is invalid (``TimeBudgetError``: the time budget fails on
             RabbitMQ), or ``WORKER_EVENT_LOOP=uvloop`` without uvloop installed.
         NoTaskError: the worker has no task.
     """
-    settings = load_settings(overrides)
+    return check_worker(worker, load_settings(overrides))
+
+
+def check_worker(worker: Worker, settings: WorkerSettings) -> WorkerSettings:
+    """Check ``worker`` against ``settings`` loaded already (:func:`prepare`'s second half).
+
+    Returns:
+        ``settings``.
+
+    Raises:
+        SettingsError: as :func:`prepare`, but for the loading.
+        NoTaskError: the worker has no task.
+    """
     if settings.worker_transport is WorkerTransport.RABBITMQ:
         # RabbitMQ's consumer timeout bounds a delivery's life; Step Functions keeps a token
         # alive with heartbeats instead, and retries on its own.
@@ -234,7 +251,7 @@ def run_worker(
     """Run ``worker`` until SIGTERM/SIGINT, in a new event loop; returns the exit code.
 
     The probes server runs from before the startup hooks to the end of the shutdown; logs are
-    JSON lines on stdout (unless the application configured logging first).
+    lines on stdout in ``LOG_FORMAT`` (unless the application configured logging first).
 
     Args:
         worker: the worker.
@@ -252,7 +269,7 @@ def run_worker(
     try:
         if runner is None:
             runner = build() if build is not None else runner_for(worker, prepare(worker))
-            configure_logging(runner.settings.log_level)
+            configure_logging(runner.settings.log_level, log_format=runner.settings.log_format)
         _one_process(runner.settings)
         return run_on(runner.settings.worker_event_loop, _run(runner, probes_socket))
     except ConfigError as exc:

@@ -102,7 +102,8 @@ async def run_startup_hooks(hooks: Sequence[Hook]) -> None:
 
     Raises:
         StartupHookError: a hook raised; its type is named, its message is not (it may hold a
-            secret), the traceback's frames go to the log.
+            secret), the traceback's frames go to the log; at ``LOG_LEVEL=DEBUG`` the whole
+            traceback too, messages included (URL passwords masked as in every line).
     """
     if hooks:
         _logger.info("Running %d startup hook(s)", len(hooks))
@@ -116,6 +117,9 @@ async def run_startup_hooks(hooks: Sequence[Hook]) -> None:
                 exception_type_name(exc),
                 safe_traceback(exc),
             )
+            # No task input is in hand yet: what the messages can hold is the deployment's own
+            # configuration, which whoever sets DEBUG reads anyway.
+            _logger.debug("Startup hook %s: the whole traceback", _name(hook), exc_info=exc)
             raise StartupHookError(
                 f"startup hook {_name(hook)} raised {exception_type_name(exc)}"
             ) from exc

@@ -39,7 +39,7 @@ import signal
 import sys
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -328,13 +328,16 @@ def _ending(code: int) -> str:
     return f"exit code {code}" if code >= 0 else f"killed by {signal_name(code)}"
 
 
-def supervise(target: str, settings: WorkerSettings, *, process_bound_s: float) -> ExitCode:
+def supervise(
+    target: str, settings: WorkerSettings, *, process_bound_s: float, flags: Sequence[str] = ()
+) -> ExitCode:
     """Run ``settings.worker_processes`` worker processes of ``target`` until SIGTERM/SIGINT.
 
     Args:
         target: ``my_module:worker``, checked already (each process loads it again).
         settings: the settings, checked already.
         process_bound_s: one process's shutdown bound (``runtime.entry.shutdown_bounds``).
+        flags: ``run``'s setting flags but ``--processes`` (``["--concurrency", "4"]``), for each.
 
     Returns:
         The exit code (see the module). A configuration error (the probes port cannot be
@@ -342,11 +345,12 @@ def supervise(target: str, settings: WorkerSettings, *, process_bound_s: float) 
     """
     from async_task_api_worker.runtime.loops import run_on
 
-    configure_logging(settings.log_level)
+    configure_logging(settings.log_level, log_format=settings.log_format)
     try:
         with metrics_directory() as directory:
+            spawn = functools.partial(spawn_worker_process, target, directory, flags=flags)
             return run_on(
-                settings.worker_event_loop, _supervise(target, settings, process_bound_s, directory)
+                settings.worker_event_loop, _supervise(spawn, settings, process_bound_s, directory)
             )
     except ConfigError as exc:
         print(f"async-task-api-worker: {exc}", file=sys.stderr)
@@ -354,7 +358,7 @@ def supervise(target: str, settings: WorkerSettings, *, process_bound_s: float) 
 
 
 async def _supervise(
-    target: str, settings: WorkerSettings, process_bound_s: float, directory: str
+    spawn: Spawn, settings: WorkerSettings, process_bound_s: float, directory: str
 ) -> ExitCode:
     from async_task_api_worker.observability.probes import ProbesServer, ReadinessCheck
     from async_task_api_worker.observability.processes import ProcessesMetrics
@@ -368,7 +372,7 @@ async def _supervise(
     supervisor = Supervisor(
         processes=settings.worker_processes,
         process_bound_s=process_bound_s,
-        spawn=functools.partial(spawn_worker_process, target, directory),
+        spawn=spawn,
         on_exit=metrics.process_dead,
     )
     server = ProbesServer(

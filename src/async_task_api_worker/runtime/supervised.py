@@ -19,7 +19,7 @@ import os
 import signal
 import socket
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Final, Protocol
 
 from async_task_api_worker.errors import SettingsError
@@ -178,12 +178,14 @@ def metrics_directory() -> Iterator[str]:
         shutil.rmtree(directory, ignore_errors=True)
 
 
-async def spawn_worker_process(target: str, metrics_dir: str, index: int) -> StartedProcess:
+async def spawn_worker_process(
+    target: str, metrics_dir: str, index: int, *, flags: Sequence[str] = ()
+) -> StartedProcess:
     """Start worker process number ``index`` of ``target``, its output on this one's.
 
-    ``python -m async_task_api_worker run TARGET --processes 1`` in a session of its own, with
-    this environment plus the link (:data:`PROCESS_ENV`, ``PROMETHEUS_MULTIPROC_DIR``,
-    ``WORKER_PROCESSES=1``).
+    ``python -m async_task_api_worker run TARGET FLAGS --processes 1`` in a session of its own,
+    with this environment plus the link (:data:`PROCESS_ENV`, ``PROMETHEUS_MULTIPROC_DIR``,
+    ``WORKER_PROCESSES=1``). ``flags`` are the setting flags the supervisor was given.
 
     Raises:
         OSError: it could not be started (or no loopback port could be bound).
@@ -200,7 +202,11 @@ async def spawn_worker_process(target: str, metrics_dir: str, index: int) -> Sta
                 "WORKER_PROCESSES": "1",
             }
         )
-        argv = [sys.executable, "-m", "async_task_api_worker", "run", target, "--processes", "1"]
+        argv = [
+            *(sys.executable, "-m", "async_task_api_worker", "run", target),
+            *flags,
+            *("--processes", "1"),
+        ]
         started = await spawn_in_new_session(
             argv, env=env, stdout_fd=1, stderr_fd=2, pass_fds=(probes.fileno(),)
         )

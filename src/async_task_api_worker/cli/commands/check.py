@@ -8,9 +8,11 @@ to set. Exits 0, or 2 with one line.
 from __future__ import annotations
 
 import math
+import sys
+from collections.abc import Mapping
 
-from async_task_api_worker.cli.loading import load_worker
-from async_task_api_worker.runtime.entry import prepare, shutdown_bounds
+from async_task_api_worker.cli.loading import load_target
+from async_task_api_worker.runtime.entry import check_worker, shutdown_bounds
 from async_task_api_worker.runtime.exit_codes import ExitCode
 from async_task_api_worker.runtime.hooks import close_timeout_s
 from async_task_api_worker.runtime.loops import loop_factory
@@ -20,6 +22,7 @@ from async_task_api_worker.settings import (
     WorkerSettings,
     WorkerTransport,
     describe_time_budget,
+    load_settings,
 )
 
 __all__ = ["check_command"]
@@ -28,19 +31,21 @@ __all__ = ["check_command"]
 ECS_MAX_STOP_TIMEOUT_S = 120
 
 
-def check_command(target: str, *, processes: int | None = None) -> int:
+def check_command(target: str, *, flags: Mapping[str, str] | None = None) -> int:
     """Check ``target`` against the environment's settings and print the numbers.
 
     Args:
         target: ``my_module:worker``.
-        processes: ``--processes``, as ``run`` takes it (wins over ``WORKER_PROCESSES``).
+        flags: the setting flags' values by field name, as ``run`` takes them (they win over
+            the environment).
 
     Raises:
         ConfigError: the target, its definition, a setting or the time budget is wrong (or
             ``WORKER_TRANSPORT=sqs-sfn`` without boto3).
     """
-    worker = load_worker(target)
-    settings = prepare(worker, None if processes is None else {"worker_processes": processes})
+    settings = load_settings(flags)
+    worker = load_target(target, settings, stream=sys.stderr)  # stdout is the report
+    check_worker(worker, settings)
     # The transport `run` would use is made (not connected): how it settles decides the grace.
     grace, process_bound_s = shutdown_bounds(worker, settings)
     count = settings.worker_processes

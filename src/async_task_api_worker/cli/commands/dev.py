@@ -2,8 +2,9 @@
 
 Each line of FILE (or stdin) is a task input, a JSON object; each published report is printed
 as one JSON line, its canonical bytes, as soon as it is confirmed. A line that is not a JSON
-object is reported on stderr and skipped. Logs go to stderr, as JSON lines. There is no probes
-server in ``dev``.
+object is reported on stderr and skipped. Logs go to stderr: text lines when stderr is a
+terminal and ``LOG_FORMAT`` (or ``--log-format``) is not set, else as ``LOG_FORMAT`` says.
+There is no probes server in ``dev``.
 """
 
 from __future__ import annotations
@@ -14,18 +15,19 @@ import json
 import os
 import sys
 import threading
+from collections.abc import Mapping
 from typing import IO
 
-from async_task_api_worker.cli.loading import load_worker
+from async_task_api_worker.cli.loading import load_target
 from async_task_api_worker.client import build_envelope
 from async_task_api_worker.definition import Worker
 from async_task_api_worker.errors import ReportEncodeError
 from async_task_api_worker.observability.logging import configure_logging
-from async_task_api_worker.runtime.entry import prepare
+from async_task_api_worker.runtime.entry import check_worker
 from async_task_api_worker.runtime.exit_codes import ExitCode
 from async_task_api_worker.runtime.runner import Runner
 from async_task_api_worker.runtime.signals import shutdown_on_signals
-from async_task_api_worker.settings import WorkerSettings
+from async_task_api_worker.settings import LogFormat, WorkerSettings, load_settings
 from async_task_api_worker.transports.memory import InMemoryTransport, PublishedReport
 
 __all__ = ["dev_command"]
@@ -135,8 +137,10 @@ async def _feed(
         transport.put(body)
 
 
-def dev_command(target: str, path: str) -> int:
+def dev_command(target: str, path: str, *, flags: Mapping[str, str] | None = None) -> int:
     """Run ``target`` on the in-memory broker over the task inputs of ``path`` (``-``: stdin).
+
+    ``flags`` are the setting flags' values by field name; they win over the environment.
 
     Returns:
         0 when every line was a task input and every task was settled (whatever its outcome),
@@ -145,9 +149,13 @@ def dev_command(target: str, path: str) -> int:
     Raises:
         ConfigError: the target, its definition or a setting is wrong (the caller exits 2).
     """
-    worker = load_worker(target)
-    settings = prepare(worker)
-    configure_logging(settings.log_level, stream=sys.stderr)  # stdout carries the reports
+    settings = load_settings(flags)
+    if "log_format" not in settings.model_fields_set and sys.stderr.isatty():
+        settings = settings.model_copy(update={"log_format": LogFormat.TEXT})  # a person reads
+    worker = load_target(target, settings, stream=sys.stderr)
+    check_worker(worker, settings)
+    # stdout carries the reports
+    configure_logging(settings.log_level, log_format=settings.log_format, stream=sys.stderr)
     if path == "-":
         return asyncio.run(_serve(worker, settings, sys.stdin))
     try:

@@ -1,39 +1,54 @@
 """``run my_module:worker``: the worker on RabbitMQ, until SIGTERM or SIGINT.
 
 ``--processes N`` (or ``WORKER_PROCESSES``) above 1 makes it the supervisor of N worker
-processes (``runtime.processes``); each of them is this command again, with ``--processes 1``
-and the link that ``runtime.supervised`` sets.
+processes (``runtime.processes``); each of them is this command again, with the same setting
+flags, ``--processes 1`` and the link that ``runtime.supervised`` sets.
 """
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping
 
-from async_task_api_worker.cli.loading import load_worker
-from async_task_api_worker.runtime.entry import prepare, run_worker, runner_for, shutdown_bounds
+from async_task_api_worker.cli.loading import load_target
+from async_task_api_worker.runtime.entry import (
+    check_worker,
+    run_worker,
+    runner_for,
+    shutdown_bounds,
+)
 from async_task_api_worker.runtime.exit_codes import ExitCode
 from async_task_api_worker.runtime.supervised import become_child, child_link
+from async_task_api_worker.settings import flag_arguments, load_settings
 
 __all__ = ["run_command"]
 
 
-def run_command(target: str, *, processes: int | None = None) -> int:
-    """Load the worker and its settings (exit 2 on an error in either), then run it.
+def run_command(target: str, *, flags: Mapping[str, str] | None = None) -> int:
+    """Load the settings and the worker (exit 2 on an error in either), then run it.
 
     Args:
         target: ``my_module:worker``.
-        processes: ``--processes``; wins over ``WORKER_PROCESSES``.
+        flags: the setting flags' values by field name (``{"worker_processes": "2"}``); they
+            win over the environment.
 
     Raises:
         ConfigError: the target, its definition or a setting is wrong (the caller exits 2).
     """
-    worker = load_worker(target)
-    settings = prepare(worker, None if processes is None else {"worker_processes": processes})
+    flags = dict(flags or {})
+    settings = load_settings(flags)
+    worker = load_target(target, settings)
+    check_worker(worker, settings)
     if settings.worker_processes > 1:
         from async_task_api_worker.runtime.processes import supervise
 
         _, process_bound_s = shutdown_bounds(worker, settings)
-        return int(supervise(target, settings, process_bound_s=process_bound_s))
+        flags.pop("worker_processes", None)  # each worker process is one
+        return int(
+            supervise(
+                target, settings, process_bound_s=process_bound_s, flags=flag_arguments(flags)
+            )
+        )
     link = child_link()
     probes_socket = None if link is None else become_child(link)
     if link is not None and probes_socket is None:

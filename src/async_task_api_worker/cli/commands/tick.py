@@ -7,17 +7,18 @@ import contextlib
 import math
 import os
 import sys
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
-from async_task_api_worker.cli.loading import load_worker
+from async_task_api_worker.cli.loading import load_target
 from async_task_api_worker.detached.tick import run_tick
 from async_task_api_worker.errors import BrokerUnavailableError, SettingsError
 from async_task_api_worker.observability.logging import configure_logging
 from async_task_api_worker.observability.metrics import WorkerMetrics
-from async_task_api_worker.runtime.entry import prepare
+from async_task_api_worker.runtime.entry import check_worker
 from async_task_api_worker.runtime.exit_codes import ExitCode
+from async_task_api_worker.settings import load_settings
 
 __all__ = ["tick_command"]
 
@@ -53,8 +54,17 @@ def _run_bounded(work: Coroutine[Any, Any, T], limit_s: float) -> T:
         loop.close()
 
 
-def tick_command(target: str, *, state_dir: str, budget_s: float, max_new: int) -> int:
+def tick_command(
+    target: str,
+    *,
+    state_dir: str,
+    budget_s: float,
+    max_new: int,
+    flags: Mapping[str, str] | None = None,
+) -> int:
     """Run one tick; 0 when done, 1 if the broker could not be used or did not take everything.
+
+    ``flags`` are the setting flags' values by field name; they win over the environment.
 
     Raises:
         ConfigError: the target, a setting or an argument is wrong (the caller exits 2).
@@ -63,10 +73,11 @@ def tick_command(target: str, *, state_dir: str, budget_s: float, max_new: int) 
         raise SettingsError("--budget-s must be a positive number of seconds")
     if max_new < 0:
         raise SettingsError("--max-new must be 0 or more")
-    worker = load_worker(target)
-    settings = prepare(worker)
+    settings = load_settings(flags)
+    worker = load_target(target, settings)
+    check_worker(worker, settings)
     _check_writable(Path(state_dir))
-    configure_logging(settings.log_level)
+    configure_logging(settings.log_level, log_format=settings.log_format)
     tick = run_tick(
         worker,
         target,
