@@ -195,5 +195,8 @@ def test_metrics_of_a_real_process_count_its_deliveries(
     assert found[("worker_task_failures_total", (("code", "NOT_ALLOWED"),))] == 1
     assert found[("worker_poison_messages_total", (("reason", "not_an_object"),))] == 1
     assert found[("worker_progress_dropped_total", (("reason", "backwards"),))] == 1
-    assert found[("worker_messages_published_total", (("message_type", "started"),))] == 5
+    # One started per attempt; a retried attempt is requeued without waiting for its started
+    # (engine.reporting: end_started), whose confirm may come after, uncounted.
+    assert found[("worker_messages_published_total", (("message_type", "started"),))] in (4, 5)
+    assert found[("worker_messages_published_total", (("message_type", "success"),))] == 3
     assert found[("worker_tasks_in_flight", ())] == 0

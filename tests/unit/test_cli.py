@@ -56,8 +56,8 @@ def test_dev_reads_stdin_and_reports_bad_lines_on_stderr(
     ]
     assert code == 1
     assert successes == [{"words": 2}, {"words": 1}]
-    assert "line 2: not a JSON object task input" in captured.err
-    assert "line 3: not a JSON object task input" in captured.err
+    assert "line 2 must be a JSON object; the line is skipped" in captured.err
+    assert "line 3 is not JSON: Expecting value" in captured.err
 
 
 def test_dev_with_a_missing_file_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
@@ -168,7 +168,7 @@ def test_dev_stopped_early_says_what_never_started_and_still_exits_1_for_a_refus
         assert main(["dev", "examples.count_words:worker"]) == 1
         os.close(write_end)
     err = capsys.readouterr().err
-    assert "line 1: not a JSON object task input" in err
+    assert "line 1 is not JSON" in err
     assert "task(s) never started: the embedded broker keeps nothing once dev stops" in err
 
 

@@ -55,6 +55,18 @@ def traced_worker() -> Worker:
     return worker
 
 
+def child_worker() -> Worker:
+    """A ``def`` task, as a child runs it: it answers with the span it runs under."""
+    worker = Worker("svc")
+
+    @worker.task(timeout=5)
+    def handle(task_input: Input, ctx: SyncTaskContext) -> Output:
+        trace_id, span_id = tracing.current_ids() or ("", "")
+        return Output(seen_trace_id=trace_id, seen_parent_id=span_id)
+
+    return worker
+
+
 class _Lines(logging.Handler):
     """The SDK's JSON lines, as the SDK's own handler writes them (with its filter)."""
 
@@ -171,13 +183,7 @@ async def test_a_requeue_is_a_nack_span() -> None:
 
 
 def test_a_child_process_continues_the_trace_it_is_handed() -> None:
-    worker = Worker("svc")
-
-    @worker.task(timeout=5)
-    def handle(task_input: Input, ctx: SyncTaskContext) -> Output:
-        trace_id, span_id = tracing.current_ids() or ("", "")
-        return Output(seen_trace_id=trace_id, seen_parent_id=span_id)
-
+    worker = child_worker()
     with traced() as spans, spans.tracer.start_as_current_span("process in") as process:
         fields = TaskFields("t", "c", "svc", 1, 5, trace=tracing.carrier())
     # Through the JSON a child reads its fields from, and out of the parent's context.
@@ -249,13 +255,7 @@ def test_a_step_functions_child_continues_the_trace_of_its_environment(
 ) -> None:
     from async_task_api_worker.sfn import task_child
 
-    worker = Worker("svc")
-
-    @worker.task(timeout=5)
-    def handle(task_input: Input, ctx: SyncTaskContext) -> Output:
-        trace_id, span_id = tracing.current_ids() or ("", "")
-        return Output(seen_trace_id=trace_id, seen_parent_id=span_id)
-
+    worker = child_worker()
     with traced() as spans, spans.tracer.start_as_current_span("process q") as process:
         for name, value in tracing.carrier_to_env().items():  # as sfn.subprocesses sets them
             monkeypatch.setenv(name, value)

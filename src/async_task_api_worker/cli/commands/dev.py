@@ -11,17 +11,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import sys
 import threading
 from collections.abc import Mapping
 from typing import IO
 
+from async_task_api_worker.cli.inputs import json_object
 from async_task_api_worker.cli.loading import load_target
 from async_task_api_worker.client import build_envelope
 from async_task_api_worker.definition import Worker
-from async_task_api_worker.errors import ReportEncodeError
+from async_task_api_worker.errors import ReportEncodeError, TargetError
 from async_task_api_worker.observability.logging import configure_logging
 from async_task_api_worker.runtime.entry import check_worker
 from async_task_api_worker.runtime.exit_codes import ExitCode
@@ -124,15 +124,13 @@ async def _feed(
         if not line.strip():
             continue
         try:
-            task_input = json.loads(line)
-            if not isinstance(task_input, dict):
-                raise TypeError("not a JSON object")
+            task_input = json_object(line, f"line {number}")
             _, body = build_envelope(
                 task_input, service=worker.name, task_id=f"dev-{number}", client_id="dev"
             )
-        except (ValueError, TypeError, ReportEncodeError) as exc:
+        except (TargetError, ReportEncodeError) as exc:
             refused.append(number)
-            print(f"line {number}: not a JSON object task input ({exc})", file=sys.stderr)
+            print(f"{exc}; the line is skipped (a task input is a JSON object)", file=sys.stderr)
             continue
         transport.put(body)
 

@@ -15,10 +15,10 @@ interrupted.
 from __future__ import annotations
 
 import asyncio
-import json
 import sys
 from collections.abc import Sequence
 
+from async_task_api_worker.cli.inputs import json_object
 from async_task_api_worker.client import TaskClient, build_envelope
 from async_task_api_worker.errors import (
     EnvelopeDecodeError,
@@ -37,16 +37,6 @@ __all__ = ["submit_command"]
 #: A task to publish: its id (chosen before publishing, so that its reports are expected from
 #: the start) and its input.
 _Task = tuple[str, dict[str, object]]
-
-
-def _json_object(text: str, what: str) -> dict[str, object]:
-    try:
-        value = json.loads(text)
-    except ValueError as exc:
-        raise TargetError(f"{what} is not JSON: {exc}") from None
-    if not isinstance(value, dict):
-        raise TargetError(f"{what} must be a JSON object")
-    return value
 
 
 def _checked(
@@ -94,7 +84,7 @@ def _file_inputs(path: str) -> list[tuple[str, dict[str, object]]]:
     except ValueError as exc:  # UnicodeDecodeError
         raise TargetError(f"cannot read {path}: {exc}") from None
     inputs = [
-        (f"{path} line {number}", _json_object(line, f"{path} line {number}"))
+        (f"{path} line {number}", json_object(line, f"{path} line {number}"))
         for number, line in enumerate(lines, start=1)
         if line.strip()
     ]
@@ -168,9 +158,9 @@ def submit_command(
         raise TargetError("--task-id and --input-ref go with one task input, not with --file")
     if timeout_s is not None and not timeout_s > 0:
         raise TargetError("--timeout-s must be a positive number of seconds")
-    refs = [_json_object(ref, "--input-ref") for ref in input_refs]
+    refs = [json_object(ref, "--input-ref") for ref in input_refs]
     inputs = (
-        [("this task", _json_object(raw_input, "the task input"))]
+        [("this task", json_object(raw_input, "the task input"))]
         if raw_input is not None
         else _file_inputs(file or "-")
     )
