@@ -2,7 +2,7 @@
 
 Run from the repository's root (no broker needed)::
 
-    uv run python -m bench.engine_only [--tasks 20000] [--loop asyncio|uvloop]
+    uv run python -m bench.engine_only [--tasks 20000] [--loop asyncio|uvloop] [--traced]
 
 With an older checkout's ``src`` first on ``PYTHONPATH``, the same command measures that code.
 
@@ -11,6 +11,10 @@ task: decode, validate, ``started`` and ``success`` encoded and "published" (the
 returns at once), the handler run through the inline executor, the ack, the metrics. The
 figure is process CPU time per task, in milliseconds: what the worker adds to the AMQP client's
 own cost.
+
+``--traced`` sets up the OpenTelemetry SDK first (a batch span processor, whose exporter drops
+the spans), and gives each delivery a producer's ``traceparent``: the cost of tracing, against
+the same run without it (the API installed, no provider: tracing off).
 """
 
 from __future__ import annotations
@@ -68,8 +72,35 @@ class NullTransport:
     async def reject(self, delivery: Delivery) -> None:
         """Nothing to settle."""
 
+    def span_attributes(self, delivery: Delivery | None) -> dict[str, str]:
+        """A queue's name, for the spans of ``--traced``."""
+        return {"messaging.system": "rabbitmq", "messaging.destination.name": "bench"}
 
-async def per_task_ms(tasks: int) -> float:
+
+#: A producer's context, as a traced API would send it.
+TRACEPARENT = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
+
+
+def trace_to_nowhere() -> None:
+    """The OpenTelemetry SDK as an application sets it up, exporting to nowhere."""
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import (
+        BatchSpanProcessor,
+        SpanExporter,
+        SpanExportResult,
+    )
+
+    class Nowhere(SpanExporter):
+        def export(self, spans: object) -> SpanExportResult:
+            return SpanExportResult.SUCCESS
+
+    provider = TracerProvider()
+    provider.add_span_processor(BatchSpanProcessor(Nowhere()))
+    trace.set_tracer_provider(provider)
+
+
+async def per_task_ms(tasks: int, *, traced: bool = False) -> float:
     """Handle ``tasks`` deliveries one by one; the process CPU per task, in ms."""
     settings = load_settings({}, read_environment=False)
     engine = Engine(
@@ -81,8 +112,11 @@ async def per_task_ms(tasks: int) -> float:
     )
     bodies = [our_envelope(f"t-{number}") for number in range(tasks)]
     started = time.process_time()
+    headers = TRACEPARENT if traced else {}
     for body in bodies:
-        delivery = Delivery(body=body, headers={}, delivery_count=0, redelivered=False, handle=None)
+        delivery = Delivery(
+            body=body, headers=headers, delivery_count=0, redelivered=False, handle=None
+        )
         await engine.handle(delivery)
     return (time.process_time() - started) / tasks * 1000
 
@@ -92,10 +126,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.engine_only", description=__doc__)
     parser.add_argument("--tasks", type=int, default=20_000)
     parser.add_argument("--loop", choices=["asyncio", "uvloop"], default="asyncio")
+    parser.add_argument("--traced", action="store_true", help="with OpenTelemetry's SDK")
     arguments = parser.parse_args()
+    if arguments.traced:
+        trace_to_nowhere()
     # bench.loops, not runtime.loops, so that this also measures older code on PYTHONPATH.
-    cost_ms = run(per_task_ms(arguments.tasks), uvloop=arguments.loop == "uvloop")
-    print(f"engine alone, {arguments.loop}: {cost_ms:.3f} ms of CPU per task")
+    cost_ms = run(
+        per_task_ms(arguments.tasks, traced=arguments.traced), uvloop=arguments.loop == "uvloop"
+    )
+    traced = ", traced" if arguments.traced else ""
+    print(f"engine alone, {arguments.loop}{traced}: {cost_ms:.3f} ms of CPU per task")
 
 
 if __name__ == "__main__":
