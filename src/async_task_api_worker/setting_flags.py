@@ -26,6 +26,8 @@ class SettingFlag:
     """The value's name in the help, ``N``."""
     help: str
     """What it sets, for the help."""
+    commands: tuple[str, ...] = ("run", "dev", "check", "tick")
+    """The commands that take it: those on which the setting means something."""
 
     @property
     def variable(self) -> str:
@@ -33,8 +35,9 @@ class SettingFlag:
         return self.field.upper()
 
 
-#: The settings people change by hand, as flags of ``run``, ``dev``, ``check`` and ``tick``
-#: (``--processes``: ``run`` and ``check`` only). The one table: the parser adds these, an
+#: The settings people change by hand, as flags of ``run``, ``dev``, ``check`` and ``tick``,
+#: each on the commands where it means something (``dev`` and ``tick`` serve no probes and run
+#: one process; ``tick`` takes one delivery at a time). The one table: the parser adds these, an
 #: error names the flag with its variable, the README's settings table has them.
 SETTING_FLAGS: Final = (
     SettingFlag(
@@ -42,12 +45,19 @@ SETTING_FLAGS: Final = (
         "worker_processes",
         "N",
         "worker processes, each with its own broker connection, under a supervisor when above 1",
+        ("run", "check"),
     ),
-    SettingFlag("--concurrency", "worker_concurrency", "N", "tasks run at once"),
+    SettingFlag(
+        "--concurrency", "worker_concurrency", "N", "tasks run at once", ("run", "dev", "check")
+    ),
     SettingFlag("--log-level", "log_level", "LEVEL", "DEBUG, INFO, WARNING, ERROR or CRITICAL"),
     SettingFlag("--log-format", "log_format", "FORMAT", "json or text"),
     SettingFlag(
-        "--health-port", "health_check_port", "PORT", "port of the probes server, 0 for a free one"
+        "--health-port",
+        "health_check_port",
+        "PORT",
+        "port of the probes server, 0 for a free one",
+        ("run", "check"),
     ),
 )
 _FLAG_OF: Final = {flag.variable: flag.flag for flag in SETTING_FLAGS}

@@ -96,3 +96,32 @@ def test_a_lost_broker_logs_one_line_per_reconnect_attempt(
         if line["msg"].startswith(("error when creating transport", "Connection attempt to "))
     ]
     assert theirs == []
+
+
+def test_submit_to_an_unreachable_broker_logs_one_line_per_retry_and_tries_its_10_s(
+    refused_port: int,
+) -> None:
+    import os
+    import subprocess
+    import sys
+    import time
+
+    env = Queues("unused").env(BROKER_URL=f"amqp://guest:guest@127.0.0.1:{refused_port}/")
+    env.pop("LOG_LEVEL", None)
+    began = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "async_task_api_worker", "submit", "{}", "--service", "x"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        cwd=os.getcwd(),
+    )
+    took_s = time.monotonic() - began
+    assert done.returncode == 1
+    lines = done.stderr.splitlines()
+    assert lines[-1].startswith("async-task-api-worker: the broker was not reachable within 10 s")
+    logged = [json.loads(line) for line in lines[:-1]]
+    assert logged and all(line["msg"].startswith(OURS_AT_START) for line in logged)
+    assert took_s >= 10  # the last try is at the bound, not a backoff before it

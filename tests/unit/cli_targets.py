@@ -1,5 +1,7 @@
 """Targets for the CLI loading tests."""
 
+import asyncio
+
 from pydantic import BaseModel
 
 from async_task_api_worker import SyncTaskContext, TaskContext, Worker
@@ -35,3 +37,16 @@ def misdefined_factory() -> Worker:
         return task_input
 
     return worker  # pragma: no cover
+
+
+#: Never set: a task of ``waiting`` runs until it is stopped.
+NEVER = asyncio.Event()
+
+waiting = Worker("waiting")
+
+
+@waiting.task(timeout=600)
+async def wait_forever(task_input: Model, ctx: TaskContext) -> Model:
+    """Runs until the worker stops it (its timeout is far away)."""
+    await NEVER.wait()
+    return task_input

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import os
 import signal
 import sys
@@ -131,6 +132,22 @@ def test_dev_stops_when_its_reader_goes_away(monkeypatch: pytest.MonkeyPatch) ->
     lines = "".join('{"text": "word"}\n' for _ in range(50))
     monkeypatch.setattr(sys, "stdin", io.StringIO(lines))
     assert main(["dev", "examples.count_words:worker"]) == 0
+
+
+def test_dev_whose_reader_goes_away_after_its_input_ended_stops_the_running_task(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The input (a file) ends first; then the first report finds stdout gone: nobody can see
+    # the running task's reports any more, so it is stopped, not waited for (600 s here).
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text("{}\n{}\n")
+    monkeypatch.setattr(sys, "stdout", ClosedPipe())
+    caplog.set_level(logging.INFO, logger="async_task_api_worker")
+    assert main(["dev", "tests.unit.cli_targets:waiting", str(tasks)]) == 0
+    messages = [record.getMessage() for record in caplog.records]
+    assert "Shutdown requested (stdout closed): draining" in messages
+    assert not any("(the input ended)" in message for message in messages)
+    assert any("outcome=shutdown_requeued" in message for message in messages)
 
 
 class SignallingStdout(io.StringIO):

@@ -113,6 +113,16 @@ def test_an_import_error_traceback_is_one_line_in_the_log_format() -> None:
     assert "ModuleNotFoundError" in out and "\\n" in out
 
 
+@pytest.mark.parametrize("command", ["check", "run", "dev", "tick"])
+def test_the_one_line_error_hides_a_password_the_import_error_quotes(command: str) -> None:
+    extra = ("--state-dir", "/nonexistent", "--budget-s", "5") if command == "tick" else ()
+    code, out, err = cli(command, "tests.unit.cli_targets_secret:worker", *extra)
+    assert code == ExitCode.CONFIG
+    said = "\n".join([out, *err])
+    assert "CANARY-hunter2" not in said
+    assert "amqp://worker:***@broker:5672/" in said
+
+
 async def connect_to_the_database() -> None:
     """A startup hook whose exception's text holds a secret URL."""
     raise ConnectionError("postgresql://app:hunter2@db:5432/app refused")

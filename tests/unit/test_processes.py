@@ -536,4 +536,6 @@ def test_a_probes_port_in_use_exits_2_with_one_line(capsys: pytest.CaptureFixtur
         )
         assert supervise(TARGET, settings, process_bound_s=1) == ExitCode.CONFIG
     line = one_line(capsys.readouterr().err)
-    assert "HEALTH_CHECK_HOST/HEALTH_CHECK_PORT: cannot listen on 127.0.0.1:" in line
+    assert (
+        "HEALTH_CHECK_HOST/HEALTH_CHECK_PORT (--health-port): cannot listen on 127.0.0.1:" in line
+    )

@@ -1,12 +1,14 @@
-"""What the commands read from people: JSON objects (task inputs, input references)."""
+"""What the commands read from people (JSON objects) and how they talk to them (log lines)."""
 
 from __future__ import annotations
 
 import json
+import sys
 
 from async_task_api_worker.errors import TargetError
+from async_task_api_worker.settings import LogFormat, WorkerSettings
 
-__all__ = ["json_object"]
+__all__ = ["json_object", "readable"]
 
 
 def json_object(text: str, what: str) -> dict[str, object]:
@@ -22,3 +24,14 @@ def json_object(text: str, what: str) -> dict[str, object]:
     if not isinstance(value, dict):
         raise TargetError(f"{what} must be a JSON object")
     return value
+
+
+def readable(settings: WorkerSettings) -> WorkerSettings:
+    """The settings of a command a person reads on a terminal (``dev``, ``submit``).
+
+    On a terminal (stderr, where those commands log: their stdout carries their output) the
+    lines are text, unless ``LOG_FORMAT`` (or ``--log-format``) says otherwise.
+    """
+    if "log_format" not in settings.model_fields_set and sys.stderr.isatty():
+        return settings.model_copy(update={"log_format": LogFormat.TEXT})
+    return settings

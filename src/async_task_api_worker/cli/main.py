@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 
 from async_task_api_worker._version import __version__
 from async_task_api_worker.errors import ConfigError
-from async_task_api_worker.runtime.exit_codes import ExitCode
+from async_task_api_worker.runtime.exit_codes import ExitCode, say_error
 from async_task_api_worker.settings import SETTING_FLAGS, WorkerSettings
 
 __all__ = ["main"]
@@ -20,15 +20,15 @@ INTERRUPTED = 130
 
 
 def _add_setting_flags(
-    parser: argparse.ArgumentParser, *, processes: bool, defaults: Mapping[str, str] | None = None
+    parser: argparse.ArgumentParser, command: str, *, defaults: Mapping[str, str] | None = None
 ) -> None:
-    """Add the flags of ``settings.SETTING_FLAGS`` (``--processes`` only if ``processes``).
+    """Add the flags of ``settings.SETTING_FLAGS`` that ``command`` takes.
 
     Each stores its text under its field's name, ``None`` when absent: pydantic validates it
     with the rest, so a bad one is the same one-line error as a bad variable.
     """
     for setting in SETTING_FLAGS:
-        if setting.field == "worker_processes" and not processes:
+        if command not in setting.commands:
             continue
         default = (defaults or {}).get(setting.field)
         if default is None:
@@ -64,14 +64,14 @@ def _parser() -> argparse.ArgumentParser:
         "(settings from the environment)",
     )
     run.add_argument("target", help="my_module:worker (a Worker, or a function returning one)")
-    _add_setting_flags(run, processes=True)
+    _add_setting_flags(run, "run")
 
     check = commands.add_parser(
         "check",
         help="check a worker's definition, settings and time budget; print the shutdown bound",
     )
     check.add_argument("target", help="my_module:worker")
-    _add_setting_flags(check, processes=True)
+    _add_setting_flags(check, "check")
 
     dev = commands.add_parser(
         "dev",
@@ -81,9 +81,7 @@ def _parser() -> argparse.ArgumentParser:
     dev.add_argument(
         "file", nargs="?", default="-", help="JSON lines of task inputs (default: stdin)"
     )
-    _add_setting_flags(
-        dev, processes=False, defaults={"log_format": "text on a terminal, json otherwise"}
-    )
+    _add_setting_flags(dev, "dev", defaults={"log_format": "text on a terminal, json otherwise"})
 
     tick = commands.add_parser(
         "tick",
@@ -96,7 +94,7 @@ def _parser() -> argparse.ArgumentParser:
     tick.add_argument(
         "--max-new", type=int, default=1, help="new tasks to take in this tick (default 1)"
     )
-    _add_setting_flags(tick, processes=False)
+    _add_setting_flags(tick, "tick")
 
     submit = commands.add_parser(
         "submit",
@@ -171,7 +169,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             timeout_s=arguments.timeout_s,
         )
     except ConfigError as exc:
-        print(f"{PROG}: {exc}", file=sys.stderr)
+        say_error(exc)
         return ExitCode.CONFIG
     except KeyboardInterrupt:  # Ctrl-C outside a worker's own signal handling (submit)
         print(f"{PROG}: interrupted", file=sys.stderr)

@@ -10,7 +10,6 @@ import asyncio
 import logging
 import os
 import socket
-import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -18,7 +17,7 @@ from async_task_api_worker.definition import Worker
 from async_task_api_worker.errors import BrokerUnavailableError, ConfigError, SettingsError
 from async_task_api_worker.observability.logging import configure_logging
 from async_task_api_worker.ports import Transport
-from async_task_api_worker.runtime.exit_codes import ExitCode
+from async_task_api_worker.runtime.exit_codes import ExitCode, say_error
 from async_task_api_worker.runtime.hooks import STUCK_CHECK_S, drain_grace_s, shutdown_bound_s
 from async_task_api_worker.runtime.loops import loop_factory, run_on
 from async_task_api_worker.runtime.observed import serving_probes
@@ -273,8 +272,8 @@ def run_worker(
         _one_process(runner.settings)
         return run_on(runner.settings.worker_event_loop, _run(runner, probes_socket))
     except ConfigError as exc:
-        print(f"async-task-api-worker: {exc}", file=sys.stderr)
+        say_error(exc)
         return ExitCode.CONFIG
     except BrokerUnavailableError as exc:
-        print(f"async-task-api-worker: {exc}", file=sys.stderr)
+        say_error(exc)
         return ExitCode.FAILURE

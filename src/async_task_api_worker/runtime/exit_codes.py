@@ -1,8 +1,11 @@
 """The process exit codes (seed, "Running a worker")."""
 
+import sys
 from enum import IntEnum
 
-__all__ = ["ExitCode"]
+from async_task_api_worker.observability.logging import redact_secrets
+
+__all__ = ["ExitCode", "say_error"]
 
 
 class ExitCode(IntEnum):
@@ -15,3 +18,13 @@ class ExitCode(IntEnum):
     CONFIG = 2
     """Invalid configuration or usage: a bad setting, the time budget, a definition error,
     refused broker credentials. Retrying will not help."""
+
+
+def say_error(error: BaseException | str) -> None:
+    """Write the one line that goes with an exit code: ``async-task-api-worker: <error>``.
+
+    Its text may quote a library's or the application's exception (an import error, a broker
+    refusal), so any ``scheme://user:password@`` in it has its password replaced by ``***``,
+    as in every log line (``observability.logging.redact_secrets``).
+    """
+    print(f"async-task-api-worker: {redact_secrets(str(error))}", file=sys.stderr)

@@ -15,6 +15,7 @@ from async_task_api_worker.errors import SettingsError
 from async_task_api_worker.observability.loop_lag import watch_loop_lag
 from async_task_api_worker.observability.probes import ProbesServer, ReadinessCheck
 from async_task_api_worker.runtime.runner import Runner
+from async_task_api_worker.setting_flags import named
 from async_task_api_worker.settings import WorkerSettings
 
 __all__ = ["probes_for", "serving_probes", "start_probes"]
@@ -48,7 +49,7 @@ async def start_probes(server: ProbesServer, settings: WorkerSettings) -> None:
         await server.start()
     except OSError as exc:
         raise SettingsError(
-            f"HEALTH_CHECK_HOST/HEALTH_CHECK_PORT: cannot listen on "
+            f"HEALTH_CHECK_HOST/{named('HEALTH_CHECK_PORT')}: cannot listen on "
             f"{settings.health_check_host}:{settings.health_check_port} "
             f"({exc.strerror or type(exc).__name__})"
         ) from exc

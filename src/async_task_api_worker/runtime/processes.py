@@ -36,7 +36,6 @@ import contextlib
 import functools
 import logging
 import signal
-import sys
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
@@ -49,7 +48,7 @@ from async_task_api_worker.observability.logging import configure_logging
 from async_task_api_worker.observability.probes import PROBE_TIMEOUT_S
 from async_task_api_worker.observability.processes import fetch_readiness
 from async_task_api_worker.observability.redaction import exception_type_name
-from async_task_api_worker.runtime.exit_codes import ExitCode
+from async_task_api_worker.runtime.exit_codes import ExitCode, say_error
 from async_task_api_worker.runtime.supervised import (
     WorkerProcess,
     metrics_directory,
@@ -353,7 +352,7 @@ def supervise(
                 settings.worker_event_loop, _supervise(spawn, settings, process_bound_s, directory)
             )
     except ConfigError as exc:
-        print(f"async-task-api-worker: {exc}", file=sys.stderr)
+        say_error(exc)
         return ExitCode.CONFIG
 
 

@@ -17,17 +17,17 @@ import threading
 from collections.abc import Mapping
 from typing import IO
 
-from async_task_api_worker.cli.inputs import json_object
+from async_task_api_worker.cli.inputs import json_object, readable
 from async_task_api_worker.cli.loading import load_target
 from async_task_api_worker.client import build_envelope
 from async_task_api_worker.definition import Worker
 from async_task_api_worker.errors import ReportEncodeError, TargetError
 from async_task_api_worker.observability.logging import configure_logging
 from async_task_api_worker.runtime.entry import check_worker
-from async_task_api_worker.runtime.exit_codes import ExitCode
-from async_task_api_worker.runtime.runner import Runner
+from async_task_api_worker.runtime.exit_codes import ExitCode, say_error
+from async_task_api_worker.runtime.runner import Runner, RunnerState
 from async_task_api_worker.runtime.signals import shutdown_on_signals
-from async_task_api_worker.settings import LogFormat, WorkerSettings, load_settings
+from async_task_api_worker.settings import WorkerSettings, load_settings
 from async_task_api_worker.transports.memory import InMemoryTransport, PublishedReport
 
 __all__ = ["dev_command"]
@@ -68,9 +68,7 @@ async def _serve(worker: Worker, settings: WorkerSettings, source: IO[str]) -> i
         await asyncio.wait({reading, closed, serving}, return_when=asyncio.FIRST_COMPLETED)
         if not reading.done():
             reading.cancel()
-            if printer.closed.is_set():
-                runner.request_shutdown("stdout closed")
-                runner.request_shutdown("stdout closed")  # no grace: nobody sees the reports
+            _stop(runner, printer, "the input was cut short")
             code = await serving
             closed.cancel()
             _say_unstarted(transport)
@@ -79,10 +77,22 @@ async def _serve(worker: Worker, settings: WorkerSettings, source: IO[str]) -> i
         await asyncio.wait({joined, closed, serving}, return_when=asyncio.FIRST_COMPLETED)
         joined.cancel()
         closed.cancel()
-        runner.request_shutdown("the input ended")
+        _stop(runner, printer, "the input ended")
         code = await serving
         _say_unstarted(transport)
     return ExitCode.FAILURE if refused and code is ExitCode.OK else int(code)
+
+
+def _stop(runner: Runner, printer: _ReportPrinter, why: str) -> None:
+    """Stop ``runner``, at once when stdout is gone (nobody sees the reports any more).
+
+    Else with its grace period, unless a signal asked already (a second request would end it).
+    """
+    if printer.closed.is_set():
+        runner.request_shutdown("stdout closed")
+        runner.request_shutdown("stdout closed")  # no grace: nobody sees the reports
+    elif runner.state is RunnerState.RUNNING:
+        runner.request_shutdown(why)
 
 
 def _say_unstarted(transport: InMemoryTransport) -> None:
@@ -147,9 +157,7 @@ def dev_command(target: str, path: str, *, flags: Mapping[str, str] | None = Non
     Raises:
         ConfigError: the target, its definition or a setting is wrong (the caller exits 2).
     """
-    settings = load_settings(flags)
-    if "log_format" not in settings.model_fields_set and sys.stderr.isatty():
-        settings = settings.model_copy(update={"log_format": LogFormat.TEXT})  # a person reads
+    settings = readable(load_settings(flags))
     worker = load_target(target, settings, stream=sys.stderr)
     check_worker(worker, settings)
     # stdout carries the reports
@@ -159,7 +167,7 @@ def dev_command(target: str, path: str, *, flags: Mapping[str, str] | None = Non
     try:
         source = open(path, encoding="utf-8")  # noqa: SIM115 - closed below
     except OSError as exc:
-        print(f"async-task-api-worker: cannot read {path}: {exc.strerror}", file=sys.stderr)
+        say_error(f"cannot read {path}: {exc.strerror}")
         return ExitCode.CONFIG
     with source:
         return asyncio.run(_serve(worker, settings, source))

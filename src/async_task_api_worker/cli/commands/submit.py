@@ -18,7 +18,7 @@ import asyncio
 import sys
 from collections.abc import Sequence
 
-from async_task_api_worker.cli.inputs import json_object
+from async_task_api_worker.cli.inputs import json_object, readable
 from async_task_api_worker.client import TaskClient, build_envelope
 from async_task_api_worker.errors import (
     EnvelopeDecodeError,
@@ -26,10 +26,11 @@ from async_task_api_worker.errors import (
     TargetError,
     TransportError,
 )
+from async_task_api_worker.observability.logging import configure_logging
 from async_task_api_worker.protocol.encoding import canonical_dumps
 from async_task_api_worker.protocol.envelope import decode_envelope
 from async_task_api_worker.protocol.reports import SuccessReport
-from async_task_api_worker.runtime.exit_codes import ExitCode
+from async_task_api_worker.runtime.exit_codes import ExitCode, say_error
 from async_task_api_worker.settings import load_settings
 
 __all__ = ["submit_command"]
@@ -168,7 +169,10 @@ def submit_command(
         _checked(what, service=service, client_id=client_id, task_id=task_id, input_refs=refs)
         for what in inputs
     ]
-    client = TaskClient.from_settings(service=service, settings=load_settings())
+    settings = readable(load_settings())
+    # The broker client's lines and ours, one per retry, on stderr: stdout carries the reports.
+    configure_logging(settings.log_level, log_format=settings.log_format, stream=sys.stderr)
+    client = TaskClient.from_settings(service=service, settings=settings)
     succeeded: dict[str, bool] = {}
 
     async def bounded() -> None:
@@ -185,6 +189,6 @@ def submit_command(
         )
         return ExitCode.FAILURE
     except TransportError as exc:  # unreachable, unconfirmed, or queues not set up
-        print(f"async-task-api-worker: {exc}", file=sys.stderr)
+        say_error(exc)
         return ExitCode.FAILURE
     return ExitCode.OK if all(succeeded.values()) else ExitCode.FAILURE

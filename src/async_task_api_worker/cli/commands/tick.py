@@ -17,7 +17,7 @@ from async_task_api_worker.errors import BrokerUnavailableError, SettingsError
 from async_task_api_worker.observability.logging import configure_logging
 from async_task_api_worker.observability.metrics import WorkerMetrics
 from async_task_api_worker.runtime.entry import check_worker
-from async_task_api_worker.runtime.exit_codes import ExitCode
+from async_task_api_worker.runtime.exit_codes import ExitCode, say_error
 from async_task_api_worker.settings import load_settings
 
 __all__ = ["tick_command"]
@@ -90,10 +90,10 @@ def tick_command(
     try:
         report = _run_bounded(tick, budget_s)
     except TimeoutError:
-        print(f"async-task-api-worker: the tick ran out of its {budget_s:g} s", file=sys.stderr)
+        say_error(f"the tick ran out of its {budget_s:g} s")
         return ExitCode.FAILURE
     except BrokerUnavailableError as exc:
-        print(f"async-task-api-worker: the broker could not be used ({exc})", file=sys.stderr)
+        say_error(f"the broker could not be used ({exc})")
         return ExitCode.FAILURE
     print(
         f"tick: {len(report.swept.delivered)} results delivered, "

@@ -178,6 +178,7 @@ class BrokerLink:
         )
         delay_s = 0.5
         last_error: Exception | None = None
+        last_of: dict[int, str] = {}  # each URL's last failure, for the final error
         while True:
             failures: list[str] = []
             for _ in self._urls:
@@ -196,6 +197,7 @@ class BrokerLink:
                     if is_refusal(exc):
                         raise refused(exc, self.url_for_logs) from exc
                     failures.append(f"{self.url_for_logs} ({type(exc).__name__})")
+                    last_of[self._index] = failures[-1]
                     self._index = (self._index + 1) % len(self._urls)
                     last_error = exc
                     if deadline is not None and loop.time() >= deadline:
@@ -203,15 +205,18 @@ class BrokerLink:
                     continue
                 self._adopt(connection)
                 return connection
-            if deadline is not None and loop.time() + delay_s >= deadline:
-                raise BrokerUnavailableError(
-                    f"the broker was not reachable within {self._connect_timeout_s:g} s: "
-                    + ", ".join(failures)
-                ) from last_error
+            wait_s = delay_s
+            if deadline is not None:
+                if loop.time() >= deadline:
+                    raise BrokerUnavailableError(
+                        f"the broker was not reachable within {self._connect_timeout_s:g} s: "
+                        + ", ".join(last_of[index] for index in sorted(last_of))
+                    ) from last_error
+                wait_s = min(delay_s, deadline - loop.time())  # the last try at the deadline
             _logger.warning(
-                "Cannot reach the broker at %s; retrying in %g s", ", ".join(failures), delay_s
+                "Cannot reach the broker at %s; retrying in %.3g s", ", ".join(failures), wait_s
             )
-            await asyncio.sleep(delay_s)
+            await asyncio.sleep(wait_s)
             delay_s = min(delay_s * 2, MAX_BACKOFF_S)
 
     def _adopt(self, connection: AbstractRobustConnection) -> None:
