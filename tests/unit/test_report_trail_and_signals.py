@@ -112,3 +112,21 @@ async def test_the_same_signal_again_within_the_echo_window_is_the_same_request(
         runtime_logger.removeHandler(handler)
         runtime_logger.setLevel(previous_level)
     assert requests == ["SIGINT", "SIGINT", "SIGTERM"]
+
+
+async def test_an_echo_after_the_handlers_are_gone_does_not_end_the_process() -> None:
+    """The launcher's copy of a last Ctrl-C that came after the drain ended: the process is on
+    its way out with the drain's exit code, not KeyboardInterrupt's 130."""
+    counted = asyncio.Event()
+    now = [100.0]
+    previous = signal.getsignal(signal.SIGINT)
+    try:
+        with signals.shutdown_on_signals(lambda _: counted.set(), clock=lambda: now[0]):
+            os.kill(os.getpid(), signal.SIGINT)
+            await asyncio.wait_for(counted.wait(), timeout=5)
+        os.kill(os.getpid(), signal.SIGINT)  # the echo, handlers gone: ignored
+        now[0] += signals.ECHO_WINDOW_S
+        with pytest.raises(KeyboardInterrupt):  # a deliberate one later: as before the block
+            os.kill(os.getpid(), signal.SIGINT)
+    finally:
+        signal.signal(signal.SIGINT, previous)

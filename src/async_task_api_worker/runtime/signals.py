@@ -90,3 +90,24 @@ def shutdown_on_signals(
     finally:
         for number in (*_SIGNALS, *once):
             loop.remove_signal_handler(number)
+        for number, last in counted_at.items():
+            _ignore_a_late_echo(number, last, clock)
+
+
+def _ignore_a_late_echo(number: signal.Signals, last: float, clock: Callable[[], float]) -> None:
+    """Keep ignoring the echo of the signal counted at ``last`` once the handlers are gone.
+
+    A launcher's forwarded copy can come after the drain ended (a second Ctrl-C ends the grace
+    at once): with the previous handler back, it would end the process on its way out with
+    KeyboardInterrupt (130), not the drain's exit code. Past the window, the signal does what
+    the previous handler does.
+    """
+    previous = signal.getsignal(number)
+
+    def late(signum: int, frame: object) -> None:
+        if clock() - last < ECHO_WINDOW_S:
+            return
+        signal.signal(number, previous)
+        signal.raise_signal(number)
+
+    signal.signal(number, late)
