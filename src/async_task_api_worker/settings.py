@@ -8,10 +8,12 @@ file in the current directory, the default.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from enum import StrEnum
 from typing import Annotated, Any, Final
 
+from dotenv import dotenv_values
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
@@ -344,9 +346,21 @@ def load_settings(
         raise SettingsError(f"invalid setting file {ENV_FILE}: cannot be read ({why})") from None
     except ValidationError as exc:
         first = exc.errors(include_url=False, include_input=False)[0]
-        name = named(".".join(str(part) for part in first["loc"]).upper())
+        variable = ".".join(str(part) for part in first["loc"]).upper()
+        name = named(variable)
+        if read_environment and _from_env_file(variable, values):
+            name = f"{name} (in {ENV_FILE})"
         more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
         rule = first["msg"].removeprefix("Value error, ")
         # A rule between settings names its variable itself ("SQS_QUEUE_URL: required ...").
         subject = f"{name}: {rule}" if name else rule
         raise SettingsError(f"invalid setting {subject}{more}") from None
+
+
+def _from_env_file(variable: str, values: Mapping[str, Any] | None) -> bool:
+    """Whether ``variable``'s value came from :data:`ENV_FILE` (for the error that names it)."""
+    if not variable or variable.lower() in (values or {}):
+        return False
+    if any(name.upper() == variable for name in os.environ):
+        return False
+    return any(name.upper() == variable for name in dotenv_values(ENV_FILE))

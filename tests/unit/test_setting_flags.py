@@ -141,8 +141,20 @@ def test_a_bad_value_of_ours_in_dotenv_exits_2_with_one_line(
     assert main(["check", TARGET]) == ExitCode.CONFIG
     err = capsys.readouterr().err
     assert err.count("\n") == 1
-    assert err.startswith("async-task-api-worker: invalid setting WORKER_DELIVERY_LIMIT: ")
+    assert err.startswith(
+        "async-task-api-worker: invalid setting WORKER_DELIVERY_LIMIT (in .env): "
+    )
     assert "zero" not in err
+
+
+def test_a_bad_value_from_the_environment_is_not_blamed_on_dotenv(
+    cwd: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (cwd / ".env").write_text("WORKER_DELIVERY_LIMIT=zero\n")
+    monkeypatch.setenv("WORKER_DELIVERY_LIMIT", "none")  # the environment wins, and is wrong
+    assert main(["check", TARGET]) == ExitCode.CONFIG
+    err = capsys.readouterr().err
+    assert err.startswith("async-task-api-worker: invalid setting WORKER_DELIVERY_LIMIT: ")
 
 
 def test_a_dotenv_that_is_not_utf8_exits_2_with_one_line(
