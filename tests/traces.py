@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from opentelemetry import trace
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.util._once import Once
@@ -41,10 +41,12 @@ def _reset() -> None:
 
 
 @contextmanager
-def traced() -> Iterator[Spans]:
-    """A global SDK tracer provider for the block, exporting to memory."""
+def traced(*processors: SpanProcessor) -> Iterator[Spans]:
+    """A global SDK tracer provider for the block, exporting to memory (after ``processors``)."""
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
+    for processor in processors:
+        provider.add_span_processor(processor)
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     _reset()
     trace.set_tracer_provider(provider)

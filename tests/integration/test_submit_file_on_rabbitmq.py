@@ -82,3 +82,28 @@ def test_submit_file_with_a_bad_line_publishes_nothing(queues: Queues, tmp_path:
     ]
     with pytest.raises(LookupError):  # never declared: nothing connected
         queues.counts(queues.in_queue)
+
+
+def test_submit_file_past_its_timeout_counts_the_tasks_without_a_terminal_report(
+    queues: Queues, start_worker: Any, tmp_path: Path
+) -> None:
+    # Two tasks: one answers at once, one sleeps past the bound; both get started first.
+    (tmp_path / "markers").mkdir()
+    markers = str(tmp_path / "markers")
+    env = queues.env(WORKER_CONCURRENCY="2", ATW_TEST_MARKERS=markers, WORKER_SHUTDOWN_GRACE_S="1")
+    start_worker("tests.integration.workers:sleeping", env)
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text('{"seconds": 0}\n{"seconds": 600}\n')
+
+    done = cli(
+        "submit", "--file", str(tasks), "--service", "sleeping", "--timeout-s", "5",
+        env=queues.env(),
+    )  # fmt: skip
+
+    assert done.returncode == 1
+    by_task = reports_by_task(done.stdout)
+    assert sorted([r.type for r in reports] for reports in by_task.values()) == [
+        ["started"],
+        ["started", "success"],
+    ]
+    assert "no terminal report within 5 s for 1 of 2 task(s)" in done.stderr

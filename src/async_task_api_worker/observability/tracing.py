@@ -20,11 +20,18 @@ What is traced (semantic conventions for messaging spans, v1.27 and later):
 A child process (process isolation, a detached worker, a Step Functions subprocess) continues
 the trace from the carrier it is handed (:func:`continued`): in its task fields, or in the
 ``TRACEPARENT``/``TRACESTATE`` environment variables (OpenTelemetry's environment carrier).
+
+Tracing is best effort: whatever OpenTelemetry raises (a span processor, a propagator or a
+provider the environment names but that is not installed) is said once and goes no further,
+so that no span ever changes a delivery's outcome. The module is over 400 lines for that: it is
+the one module that imports OpenTelemetry (an import-linter contract), so every call into it is
+guarded here.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 from collections.abc import Iterator, Mapping
 from contextlib import AbstractContextManager
@@ -51,6 +58,11 @@ __all__ = [
     "settling",
 ]
 
+_logger = logging.getLogger("async_task_api_worker.tracing")
+
+#: Why tracing is off although the extra is installed (its configuration failed), if it is.
+_BROKEN: list[str] = []
+
 try:
     from opentelemetry import context as _context
     from opentelemetry import propagate as _propagate
@@ -58,8 +70,27 @@ try:
     from opentelemetry.propagators.textmap import Getter
 except ImportError:  # the `otel` extra is not installed
     ENABLED: Final = False
+except Exception as exc:  # e.g. OTEL_PROPAGATORS names one not installed (ValueError)
+    ENABLED = False  # type: ignore[misc]  # set once, here
+    _BROKEN.append(f"{type(exc).__name__}: {exc}")
 else:
     ENABLED = True  # type: ignore[misc]  # set once, by the import above
+
+#: What failed in OpenTelemetry already, said once each (a failure is never the task's).
+_SAID: set[str] = set()
+
+
+def _failed(what: str, exc: BaseException) -> None:
+    """Say once per ``what`` that tracing failed there; the worker goes on without it."""
+    if what not in _SAID:
+        _SAID.add(what)
+        _logger.warning(
+            "Tracing failed to %s (%s: %s); the task goes on, this span may be missing",
+            what,
+            type(exc).__name__,
+            exc,
+        )
+
 
 #: The headers that carry a trace context (W3C Trace Context).
 TRACE_HEADERS: Final = ("traceparent", "tracestate")
@@ -129,7 +160,11 @@ def carrier() -> dict[str, str]:
     if not ENABLED:
         return {}
     headers: dict[str, str] = {}
-    _propagate.inject(headers)
+    try:
+        _propagate.inject(headers)
+    except Exception as exc:
+        _failed("write a trace context", exc)
+        return {}
     return {name: headers[name] for name in TRACE_HEADERS if name in headers}
 
 
@@ -150,24 +185,33 @@ def continued(headers: Mapping[str, Any]) -> Iterator[None]:
 
     A no-op for an empty carrier, or without the extra.
     """
-    if not ENABLED or not headers:
-        yield
-        return
-    token = _context.attach(_propagate.extract(headers, getter=_GETTER))
+    token = _attach_parent(headers) if ENABLED and headers else None
     try:
         yield
     finally:
-        _context.detach(token)
+        if token is not None:
+            _context.detach(token)
+
+
+def _attach_parent(headers: Mapping[str, Any]) -> Any:
+    try:
+        return _context.attach(_propagate.extract(headers, getter=_GETTER))
+    except Exception as exc:
+        _failed("read a trace context", exc)
+        return None
 
 
 def current_ids() -> tuple[str, str] | None:
     """``(trace_id, span_id)`` of the current span, in hex, or ``None`` (for log lines)."""
     if not ENABLED:
         return None
-    span_context = _trace.get_current_span().get_span_context()
-    if not span_context.is_valid:
+    try:
+        span_context = _trace.get_current_span().get_span_context()
+        if not span_context.is_valid:
+            return None
+        return format(span_context.trace_id, "032x"), format(span_context.span_id, "016x")
+    except Exception:  # a hostile span in the context: the line goes without the ids
         return None
-    return format(span_context.trace_id, "032x"), format(span_context.span_id, "016x")
 
 
 class DeliverySpan:
@@ -185,9 +229,12 @@ class DeliverySpan:
         """Name the task the delivery carries (``messaging.message.id`` = the task id)."""
         if self._span is None or task_id is None:
             return
-        self._span.set_attribute(MESSAGE_ID, task_id)
-        if client_id is not None:
-            self._span.set_attribute("async_task_api.client_id", client_id)
+        try:
+            self._span.set_attribute(MESSAGE_ID, task_id)
+            if client_id is not None:
+                self._span.set_attribute("async_task_api.client_id", client_id)
+        except Exception as exc:
+            _failed("name a delivery's task", exc)
 
     def ended(self, settlement: Settlement) -> None:
         """Record how the delivery ended: its outcome, and as ``error.type`` its failure code.
@@ -198,11 +245,14 @@ class DeliverySpan:
         if self._span is None:
             return
         outcome = settlement.outcome
-        self._span.set_attribute("async_task_api.outcome", outcome.value)
-        if outcome in _FAILED:
-            error = settlement.code or outcome.value
-            self._span.set_attribute(ERROR_TYPE, error)
-            self._span.set_status(_trace.StatusCode.ERROR, error)
+        try:
+            self._span.set_attribute("async_task_api.outcome", outcome.value)
+            if outcome in _FAILED:
+                error = settlement.code or outcome.value
+                self._span.set_attribute(ERROR_TYPE, error)
+                self._span.set_status(_trace.StatusCode.ERROR, error)
+        except Exception as exc:
+            _failed("record a delivery's outcome", exc)
 
 
 _NO_SPAN: Final = DeliverySpan()
@@ -226,16 +276,22 @@ def _tracer() -> Any:
     way a provider named by ``OTEL_PYTHON_TRACER_PROVIDER`` gets loaded.
     """
     if not ENABLED:
+        if _BROKEN:
+            _failed("start", RuntimeError(_BROKEN[0]))
         return None
     provider: Any = getattr(_trace, "_TRACER_PROVIDER", _UNKNOWN)
     if provider is None and not _PROVIDER_FROM_ENV:
         return None
-    if provider is None or provider is _UNKNOWN:
-        provider = _trace.get_tracer_provider()
-        if isinstance(provider, _trace.ProxyTracerProvider):
-            return None
-    if _tracer_of[0] is not provider:  # asked once per provider (a test may set another)
-        _tracer_of[:] = provider, provider.get_tracer("async_task_api_worker", __version__)
+    try:
+        if provider is None or provider is _UNKNOWN:
+            provider = _trace.get_tracer_provider()
+            if isinstance(provider, _trace.ProxyTracerProvider):
+                return None
+        if _tracer_of[0] is not provider:  # asked once per provider (a test may set another)
+            _tracer_of[:] = provider, provider.get_tracer("async_task_api_worker", __version__)
+    except Exception as exc:  # OTEL_PYTHON_TRACER_PROVIDER names none installed, say
+        _failed("get the tracer provider", exc)
+        return None
     return _tracer_of[1]
 
 
@@ -299,52 +355,109 @@ def settling(source: Traced, delivery: Any, method: str) -> AbstractContextManag
     return _NOT_SETTLING if tracer is None else _settling(tracer, source, delivery, method)
 
 
+def _start(
+    tracer: Any, name: str, kind: Any, attributes: Mapping[str, Any], parent: Any = None
+) -> Any:
+    """A started span, or ``None`` if OpenTelemetry failed to start it (a span processor)."""
+    try:
+        return tracer.start_span(name, context=parent, kind=kind, attributes=attributes)
+    except Exception as exc:
+        _failed(f"start a span ({name.partition(' ')[0]})", exc)
+        return None
+
+
+def _end(span: Any, what: str) -> None:
+    """End ``span``; a span processor that fails then changes nothing of the decision."""
+    try:
+        span.end()
+    except Exception as exc:
+        _failed(f"end a span ({what})", exc)
+
+
+@contextlib.contextmanager
+def _current(span: Any) -> Iterator[None]:
+    """``span`` as the current span for the block (if it started, and can be attached)."""
+    token = None
+    if span is not None:
+        try:
+            token = _context.attach(_trace.set_span_in_context(span))
+        except Exception as exc:
+            _failed("make a span current", exc)
+    try:
+        yield
+    finally:
+        if token is not None:
+            _context.detach(token)
+
+
 @contextlib.contextmanager
 def _processing(tracer: Any, source: Traced, delivery: Any) -> Iterator[DeliverySpan]:
     attributes = source.span_attributes(delivery)
-    headers = delivery.headers
-    parent = _propagate.extract(headers, getter=_GETTER) if headers else None
-    name = f"process {attributes.get(DESTINATION, '')}".rstrip()
-    with tracer.start_as_current_span(
-        name,
-        context=parent,
-        kind=_trace.SpanKind.CONSUMER,
-        attributes={**attributes, OPERATION_TYPE: "process", OPERATION_NAME: "process"},
-        record_exception=False,
-        set_status_on_exception=False,
-    ) as span:
-        yield DeliverySpan(span) if span.is_recording() else _NO_SPAN
+    parent = None
+    if delivery.headers:
+        try:
+            parent = _propagate.extract(delivery.headers, getter=_GETTER)
+        except Exception as exc:
+            _failed("read a delivery's trace context", exc)
+    span = _start(
+        tracer,
+        f"process {attributes.get(DESTINATION, '')}".rstrip(),
+        _trace.SpanKind.CONSUMER,
+        {**attributes, OPERATION_TYPE: "process", OPERATION_NAME: "process"},
+        parent,
+    )
+    try:
+        with _current(span):
+            yield _NO_SPAN if span is None or not span.is_recording() else DeliverySpan(span)
+    finally:
+        if span is not None:
+            _end(span, "process")
 
 
 @contextlib.contextmanager
 def _sending(tracer: Any, target: Traced, message_id: str | None) -> Iterator[Mapping[str, str]]:
-    attributes = target.span_attributes(None)
-    span = tracer.start_span(
-        f"send {attributes.get(DESTINATION, '')}".rstrip(),
-        kind=_trace.SpanKind.PRODUCER,
-        attributes={**attributes, OPERATION_TYPE: "send", OPERATION_NAME: "send"},
-    )
+    attributes = dict(target.span_attributes(None))
     if message_id is not None:
-        span.set_attribute(MESSAGE_ID, message_id)
+        attributes[MESSAGE_ID] = message_id
+    span = _start(
+        tracer,
+        f"send {attributes.get(DESTINATION, '')}".rstrip(),
+        _trace.SpanKind.PRODUCER,
+        {**attributes, OPERATION_TYPE: "send", OPERATION_NAME: "send"},
+    )
     headers: dict[str, str] = {}
-    if span.is_recording():
-        _propagate.inject(headers, context=_trace.set_span_in_context(span))
+    if span is not None:
+        try:
+            # Also for a span that does not record: the consumer learns the sampling decision.
+            if span.get_span_context().is_valid:
+                _propagate.inject(headers, context=_trace.set_span_in_context(span))
+        except Exception as exc:
+            _failed("write a report's trace context", exc)
     try:
         yield headers
     except BaseException as exc:
-        span.set_attribute(ERROR_TYPE, type(exc).__name__)
-        span.set_status(_trace.StatusCode.ERROR, type(exc).__name__)
+        if span is not None:
+            with contextlib.suppress(Exception):
+                span.set_attribute(ERROR_TYPE, type(exc).__name__)
+                span.set_status(_trace.StatusCode.ERROR, type(exc).__name__)
         raise
     finally:
-        span.end()
+        if span is not None:
+            _end(span, "send")
 
 
 @contextlib.contextmanager
 def _settling(tracer: Any, source: Traced, delivery: Any, method: str) -> Iterator[None]:
     attributes = source.span_attributes(delivery)
-    with tracer.start_as_current_span(
+    span = _start(
+        tracer,
         f"{method} {attributes.get(DESTINATION, '')}".rstrip(),
-        kind=_trace.SpanKind.CLIENT,
-        attributes={**attributes, OPERATION_TYPE: "settle", OPERATION_NAME: method},
-    ):
-        yield
+        _trace.SpanKind.CLIENT,
+        {**attributes, OPERATION_TYPE: "settle", OPERATION_NAME: method},
+    )
+    try:
+        with _current(span):
+            yield
+    finally:
+        if span is not None:
+            _end(span, "settle")

@@ -15,7 +15,7 @@ import textwrap
 
 import pytest
 from opentelemetry import trace
-from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 from opentelemetry.semconv._incubating.attributes import messaging_attributes as messaging
 from opentelemetry.semconv.attributes import error_attributes
 from opentelemetry.trace import SpanKind, StatusCode
@@ -28,7 +28,7 @@ from async_task_api_worker.ports import Action, Outcome
 from async_task_api_worker.task_call import DISCARD_PROGRESS, TaskFields, call_here
 from async_task_api_worker.transports.memory import InMemoryTransport
 from tests.traces import Spans, ids, parent_id, traced
-from tests.unit.engine.test_pushback import BODY, engine_for
+from tests.unit.engine.test_pushback import BODY, engine_for, worker_returning
 
 
 class Input(BaseModel):
@@ -263,3 +263,95 @@ def test_a_step_functions_child_continues_the_trace_of_its_environment(
     conclusion = task_child._conclude(worker, json.dumps({"task_token": "t", "input": {}}))
     trace_id, span_id = ids(process)
     assert conclusion.value == {"seen_trace_id": trace_id, "seen_parent_id": span_id}  # type: ignore[union-attr]
+
+
+class Failing(SpanProcessor):
+    """A span processor that raises where ``where`` says: the SDK lets it through."""
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+
+    def on_start(self, span: object, parent_context: object = None) -> None:
+        if self.where == "start":
+            raise RuntimeError("a span processor failed on start")
+
+    def on_end(self, span: object) -> None:
+        if self.where == "end":
+            raise RuntimeError("a span processor failed on end")
+
+
+@pytest.mark.parametrize("where", ["start", "end"])
+async def test_a_failing_span_processor_changes_nothing_of_a_delivery(
+    where: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="async_task_api_worker.tracing")
+    with traced(Failing(where)):
+        transport = InMemoryTransport()
+        for _ in range(2):
+            transport.put(BODY)
+        engine = engine_for(worker_returning("ok", []), transport)  # no span of its own
+        for _ in range(2):
+            delivery = transport.take()
+            assert delivery is not None
+            settlement = await engine.handle(delivery)
+            assert (settlement.outcome, settlement.action) == (Outcome.SUCCESS, Action.ACK)
+    assert [p.report.type for p in transport.published] == ["started", "success"] * 2
+    assert len(transport.acked) == 2
+    said = [r.getMessage() for r in caplog.records if r.name == "async_task_api_worker.tracing"]
+    assert said and all(f"a span processor failed on {where}" in line for line in said)
+    assert len(said) == len(set(said))  # each failure said once, not once a span
+
+
+async def test_an_unsampled_producer_gets_reports_that_say_so() -> None:
+    unsampled = {"traceparent": "00-" + "a" * 32 + "-" + "b" * 16 + "-00"}
+    with traced() as spans:
+        transport = InMemoryTransport()
+        transport.put(BODY, unsampled)
+        delivery = transport.take()
+        assert delivery is not None
+        await engine_for(traced_worker(), transport).handle(delivery)
+        assert spans.all() == []  # the producer's decision is followed: nothing recorded
+    for published in transport.published:
+        traceparent = published.report.properties.headers["traceparent"]
+        assert traceparent.startswith("00-" + "a" * 32 + "-") and traceparent.endswith("-00")
+
+
+@pytest.mark.parametrize(
+    "variable",
+    [{"OTEL_PROPAGATORS": "b3"}, {"OTEL_PYTHON_TRACER_PROVIDER": "no_such_provider"}],
+)
+def test_a_tracing_environment_that_cannot_load_leaves_the_worker_working(
+    variable: dict[str, str],
+) -> None:
+    script = textwrap.dedent(
+        """
+        import asyncio, logging
+        logging.basicConfig(level=logging.WARNING)
+        from async_task_api_worker.observability import tracing
+        from async_task_api_worker.transports.memory import InMemoryTransport
+        from tests.unit.engine.test_pushback import BODY, engine_for, worker_returning
+
+        async def main():
+            transport = InMemoryTransport()
+            transport.put(BODY)
+            settlement = await engine_for(worker_returning("ok", []), transport).handle(
+                transport.take()
+            )
+            assert settlement.outcome == "success", settlement
+
+        asyncio.run(main())
+        print("worked")
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        cwd=os.getcwd(),
+        env={**os.environ, **variable},
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "worked"
+    assert done.stderr.count("Tracing failed to") == 1, done.stderr

@@ -29,7 +29,7 @@ from async_task_api_worker.errors import (
 from async_task_api_worker.observability.logging import configure_logging
 from async_task_api_worker.protocol.encoding import canonical_dumps
 from async_task_api_worker.protocol.envelope import decode_envelope
-from async_task_api_worker.protocol.reports import SuccessReport
+from async_task_api_worker.protocol.reports import FailureReport, SuccessReport
 from async_task_api_worker.runtime.exit_codes import ExitCode, say_error
 from async_task_api_worker.settings import load_settings
 
@@ -98,8 +98,8 @@ async def _print_reports(client: TaskClient, task_id: str, succeeded: dict[str, 
     async for report in client.reports(task_id):
         print(canonical_dumps(report.model_dump()).decode("utf-8", "surrogateescape"))
         sys.stdout.flush()
-        # The stream ends with the task's terminal report, success or failure.
-        succeeded[task_id] = isinstance(report, SuccessReport)
+        if isinstance(report, SuccessReport | FailureReport):  # its last: the task ended
+            succeeded[task_id] = isinstance(report, SuccessReport)
 
 
 async def _submit(
