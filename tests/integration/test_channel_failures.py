@@ -12,7 +12,7 @@ from async_task_api_worker.settings import load_settings
 from async_task_api_worker.transports.rabbitmq import RabbitMQTransport
 from async_task_api_worker.transports.rabbitmq.transport import MAX_CHANNEL_FAILURES
 from examples.count_words import worker
-from tests.integration.conftest import Queues
+from tests.integration.conftest import BROKER_USER, Queues, rabbitmqctl
 from tests.integration.test_run_on_rabbitmq import collect
 
 
@@ -117,3 +117,30 @@ async def test_a_channel_closed_while_the_consumer_starts_is_consumed_again(
     finally:
         await transport.stop_consuming()
         await transport.close()
+
+
+async def test_a_channel_the_broker_will_not_restore_ends_the_worker_not_idles_it(
+    queues: Queues,
+) -> None:
+    # The consume permission is gone when the channel reopens: aio-pika's restore is refused
+    # and it gives up, the connection alive. The transport must not sit idle for ever.
+    transport = RabbitMQTransport(
+        urls=[queues.url],
+        in_queue=queues.in_queue,
+        out_queue=queues.out_queue,
+        prefetch=1,
+        reopen_timeout_s=2.0,
+    )
+    runner = Runner(worker, load_settings({}, read_environment=False), transport)
+    serving = asyncio.create_task(runner.serve())
+    try:
+        while not transport.consuming:
+            await asyncio.sleep(0.01)
+        rabbitmqctl("set_permissions", "-p", queues.vhost, BROKER_USER, ".*", ".*", "^$")
+        await close_consume_channel(transport)
+        assert await asyncio.wait_for(serving, timeout=30) is ExitCode.FAILURE
+    finally:
+        rabbitmqctl("set_permissions", "-p", queues.vhost, BROKER_USER, ".*", ".*", ".*")
+        if not serving.done():
+            runner.request_shutdown("test")
+            await serving

@@ -60,6 +60,10 @@ _logger = logging.getLogger("async_task_api_worker.transports.rabbitmq")
 #: before the transport gives up (a broker that keeps closing it will not get better).
 MAX_CHANNEL_FAILURES: Final = 5
 CHANNEL_FAILURE_WINDOW_S: Final = 60.0
+#: A consume channel the broker closed on a live connection reopens in milliseconds; one not
+#: back after this many seconds will not be (aio-pika gives up a restore the broker refuses,
+#: an exclusive consumer or a lost permission): the transport gives up rather than sit idle.
+REOPEN_TIMEOUT_S: Final = 30.0
 
 
 @dataclass(slots=True, eq=False)
@@ -135,6 +139,8 @@ class RabbitMQTransport(EnvelopeBodies):
         connect_timeout_s: give up connecting after this many seconds (``None``: keep trying,
             with a backoff capped at 30 s).
         reconnect_interval_s: aio-pika's wait between reconnection attempts, in seconds.
+        reopen_timeout_s: how long a consume channel the broker closed may take to reopen
+            before the transport gives up (:data:`REOPEN_TIMEOUT_S`).
     """
 
     def __init__(
@@ -148,8 +154,10 @@ class RabbitMQTransport(EnvelopeBodies):
         heartbeat_s: int = 15,
         connect_timeout_s: float | None = None,
         reconnect_interval_s: float = 1.0,
+        reopen_timeout_s: float = REOPEN_TIMEOUT_S,
     ) -> None:
         self._in_queue_name = in_queue
+        self._reopen_timeout_s = reopen_timeout_s
         self._out_queue_name = out_queue
         self._prefetch = prefetch
         self._service = service
@@ -374,12 +382,33 @@ class RabbitMQTransport(EnvelopeBodies):
             t for t in self._channel_failures if now - t < CHANNEL_FAILURE_WINDOW_S
         ] + [now]
         if len(self._channel_failures) >= MAX_CHANNEL_FAILURES:
-            self._gave_up = BrokerUnavailableError(
+            self._give_up(
                 f"the consume channel closed {len(self._channel_failures)} times in "
                 f"{CHANNEL_FAILURE_WINDOW_S:g} s; giving up"
             )
-            self._inbox.put_nowait(_GaveUp(self._gave_up))
-            self._reopened.set()  # a consumer waiting to start learns it here
+            return
+        asyncio.get_running_loop().call_later(self._reopen_timeout_s, self._check_reopened, now)
+
+    def _check_reopened(self, closed_at: float) -> None:
+        # Still closed since that close (the last), on a live connection: the restore failed.
+        if (
+            self._channel_open
+            or self._stopping
+            or self._gave_up is not None
+            or not self._consumer.connected
+            or self._channel_failures[-1:] != [closed_at]
+        ):
+            return
+        self._give_up(
+            f"the consume channel did not reopen within {self._reopen_timeout_s:g} s of its "
+            "close (the broker refused to restore the consumer); giving up"
+        )
+
+    def _give_up(self, why: str) -> None:
+        self._gave_up = BrokerUnavailableError(why)
+        _logger.error("%s", why)
+        self._inbox.put_nowait(_GaveUp(self._gave_up))
+        self._reopened.set()  # a consumer waiting to start learns it here
 
     def _on_consume_channel_reopened(self, _sender: object) -> None:
         self._channel_open = True
