@@ -107,3 +107,30 @@ def test_submit_file_past_its_timeout_counts_the_tasks_without_a_terminal_report
         ["started", "success"],
     ]
     assert "no terminal report within 5 s for 1 of 2 task(s)" in done.stderr
+
+
+def test_submit_whose_reader_goes_away_stops_with_1_and_no_traceback(
+    queues: Queues, start_worker: Any, tmp_path: Path
+) -> None:
+    import subprocess
+    import sys
+
+    from tests.integration.test_cli_on_rabbitmq import REPO
+
+    start_worker("examples.count_words:worker", queues.env())
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text('{"text": "a b"}\n' * 5)
+    arguments = ["submit", "--file", str(tasks), "--service", "count-words", "--timeout-s", "60"]
+    with subprocess.Popen(
+        [sys.executable, "-m", "async_task_api_worker", *arguments],
+        cwd=REPO,
+        env=queues.env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    ) as submit:
+        assert submit.stdout is not None and submit.stderr is not None
+        assert submit.stdout.readline()  # the first report, as `| head -n 1` reads it
+        submit.stdout.close()
+        assert submit.wait(timeout=60) == 1
+        assert "Traceback" not in submit.stderr.read()

@@ -10,6 +10,7 @@ import pytest
 
 from async_task_api_worker.cli import main
 from async_task_api_worker.client import TaskClient
+from async_task_api_worker.runtime.exit_codes import ExitCode
 
 
 @pytest.fixture(autouse=True)
@@ -98,3 +99,13 @@ def test_an_input_and_a_file_together_are_a_usage_error(
         main(["submit", "{}", "--file", str(tmp_path / "t.jsonl"), "--service", "count-words"])
     assert exited.value.code == 2
     assert "not allowed with argument" in capsys.readouterr().err
+
+
+def test_a_task_input_nested_too_deep_is_a_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text("[" * 100_000 + "]" * 100_000 + "\n")
+    assert main(["submit", "--file", str(tasks), "--service", "s"]) == ExitCode.CONFIG
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "line 1 is nested too deep to read" in err

@@ -21,6 +21,8 @@ def json_object(text: str, what: str) -> dict[str, object]:
         value = json.loads(text)
     except ValueError as exc:
         raise TargetError(f"{what} is not JSON: {exc}") from None
+    except RecursionError:
+        raise TargetError(f"{what} is nested too deep to read") from None
     if not isinstance(value, dict):
         raise TargetError(f"{what} must be a JSON object")
     return value

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from async_task_api_worker.definition import Worker
-from async_task_api_worker.errors import BrokerUnavailableError, ConfigError, SettingsError
+from async_task_api_worker.errors import ConfigError, SettingsError, TransportError
 from async_task_api_worker.observability.logging import configure_logging
 from async_task_api_worker.ports import Transport
 from async_task_api_worker.runtime.exit_codes import ExitCode, say_error
@@ -263,7 +263,8 @@ def run_worker(
     Errors become exit codes with one line on stderr: 2 for configuration (a bad setting, the
     time budget, refused credentials, a probes port that cannot be bound, ``WORKER_PROCESSES``
     above 1: only the ``run`` command starts several processes), 1 for a broker that cannot be
-    reached.
+    reached or whose connection was cut while the queues were set up (the orchestrator starts
+    the worker again).
     """
     try:
         if runner is None:
@@ -274,6 +275,6 @@ def run_worker(
     except ConfigError as exc:
         say_error(exc)
         return ExitCode.CONFIG
-    except BrokerUnavailableError as exc:
+    except TransportError as exc:
         say_error(exc)
         return ExitCode.FAILURE
