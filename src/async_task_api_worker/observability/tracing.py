@@ -131,14 +131,21 @@ def _text(value: object) -> str | None:
 
 
 class _Getter(Getter[Mapping[str, Any]] if ENABLED else object):  # type: ignore[misc]
-    """Reads a carrier whose values may be AMQP long strings (bytes) or absent."""
+    """Reads the W3C trace context of a carrier whose values may be AMQP long strings (bytes).
+
+    Only ``traceparent`` and ``tracestate``, the headers the worker writes: a producer's
+    ``baggage`` is not the worker's to read (its propagator logs a bad one, 64 KiB of someone
+    else's text per delivery).
+    """
 
     def get(self, carrier: Mapping[str, Any], key: str) -> list[str] | None:
+        if key not in TRACE_HEADERS:
+            return None
         value = _text(carrier.get(key))
         return None if value is None else [value]
 
     def keys(self, carrier: Mapping[str, Any]) -> list[str]:
-        return list(carrier)
+        return [key for key in carrier if key in TRACE_HEADERS]
 
 
 _GETTER: Final = _Getter()

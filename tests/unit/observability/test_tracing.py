@@ -355,3 +355,19 @@ def test_a_tracing_environment_that_cannot_load_leaves_the_worker_working(
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "worked"
     assert done.stderr.count("Tracing failed to") == 1, done.stderr
+
+
+async def test_a_producers_baggage_is_not_read(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG, logger="opentelemetry")
+    headers = {
+        "traceparent": "00-" + "c" * 32 + "-" + "d" * 16 + "-01",
+        "baggage": "x" * 70_000,  # over the W3C limit: its propagator would say so
+    }
+    with traced() as spans:
+        transport = InMemoryTransport()
+        transport.put(BODY, headers)
+        delivery = transport.take()
+        assert delivery is not None
+        await engine_for(worker_returning("ok", []), transport).handle(delivery)
+        assert ids(spans.one("process in"))[0] == "c" * 32
+    assert [r for r in caplog.records if r.name.startswith("opentelemetry")] == []
