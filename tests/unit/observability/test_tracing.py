@@ -67,6 +67,21 @@ def child_worker() -> Worker:
     return worker
 
 
+def fresh_interpreter(script: str, **environment: str) -> subprocess.CompletedProcess[str]:
+    """Run ``script`` in a new interpreter (tracing's module state is per process); it ran."""
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        cwd=os.getcwd(),
+        env={**os.environ, **environment},
+    )
+    assert done.returncode == 0, done.stderr
+    return done
+
+
 class _Lines(logging.Handler):
     """The SDK's JSON lines, as the SDK's own handler writes them (with its filter)."""
 
@@ -238,15 +253,7 @@ def test_without_the_extra_the_worker_runs_untraced() -> None:
         print("untraced")
         """
     )
-    done = subprocess.run(
-        [sys.executable, "-c", script],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-        cwd=os.getcwd(),
-    )
-    assert done.returncode == 0, done.stderr
+    done = fresh_interpreter(script)
     assert done.stdout.strip() == "untraced"
 
 
@@ -343,16 +350,7 @@ def test_a_tracing_environment_that_cannot_load_leaves_the_worker_working(
         print("worked")
         """
     )
-    done = subprocess.run(
-        [sys.executable, "-c", script],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-        cwd=os.getcwd(),
-        env={**os.environ, **variable},
-    )
-    assert done.returncode == 0, done.stderr
+    done = fresh_interpreter(script, **variable)
     assert done.stdout.strip() == "worked"
     assert done.stderr.count("Tracing failed to") == 1, done.stderr
 
