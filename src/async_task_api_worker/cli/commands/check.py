@@ -12,7 +12,7 @@ import sys
 from collections.abc import Mapping
 
 from async_task_api_worker.cli.loading import load_target
-from async_task_api_worker.runtime.entry import check_worker, shutdown_bounds
+from async_task_api_worker.runtime.entry import shutdown_bounds
 from async_task_api_worker.runtime.exit_codes import ExitCode
 from async_task_api_worker.runtime.hooks import close_timeout_s
 from async_task_api_worker.runtime.loops import loop_factory
@@ -45,7 +45,6 @@ def check_command(target: str, *, flags: Mapping[str, str] | None = None) -> int
     """
     settings = load_settings(flags)
     worker = load_target(target, settings, stream=sys.stderr)  # stdout is the report
-    check_worker(worker, settings)
     # The transport `run` would use is made (not connected): how it settles decides the grace.
     grace, process_bound_s = shutdown_bounds(worker, settings)
     count = settings.worker_processes

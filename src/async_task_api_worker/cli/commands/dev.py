@@ -23,7 +23,6 @@ from async_task_api_worker.client import build_envelope
 from async_task_api_worker.definition import Worker
 from async_task_api_worker.errors import ReportEncodeError, TargetError
 from async_task_api_worker.observability.logging import configure_logging
-from async_task_api_worker.runtime.entry import check_worker
 from async_task_api_worker.runtime.exit_codes import ExitCode, say_error
 from async_task_api_worker.runtime.runner import Runner, RunnerState
 from async_task_api_worker.runtime.signals import shutdown_on_signals
@@ -159,7 +158,6 @@ def dev_command(target: str, path: str, *, flags: Mapping[str, str] | None = Non
     """
     settings = readable(load_settings(flags))
     worker = load_target(target, settings, stream=sys.stderr)
-    check_worker(worker, settings)
     # stdout carries the reports
     configure_logging(settings.log_level, log_format=settings.log_format, stream=sys.stderr)
     if path == "-":

@@ -11,12 +11,7 @@ import sys
 from collections.abc import Mapping
 
 from async_task_api_worker.cli.loading import load_target
-from async_task_api_worker.runtime.entry import (
-    check_worker,
-    run_worker,
-    runner_for,
-    shutdown_bounds,
-)
+from async_task_api_worker.runtime.entry import run_worker, runner_for, shutdown_bounds
 from async_task_api_worker.runtime.exit_codes import ExitCode
 from async_task_api_worker.runtime.supervised import become_child, child_link
 from async_task_api_worker.settings import flag_arguments, load_settings
@@ -38,7 +33,6 @@ def run_command(target: str, *, flags: Mapping[str, str] | None = None) -> int:
     flags = dict(flags or {})
     settings = load_settings(flags)
     worker = load_target(target, settings)
-    check_worker(worker, settings)
     if settings.worker_processes > 1:
         from async_task_api_worker.runtime.processes import supervise
 

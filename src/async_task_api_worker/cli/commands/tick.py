@@ -16,7 +16,6 @@ from async_task_api_worker.detached.tick import run_tick
 from async_task_api_worker.errors import BrokerUnavailableError, SettingsError
 from async_task_api_worker.observability.logging import configure_logging
 from async_task_api_worker.observability.metrics import WorkerMetrics
-from async_task_api_worker.runtime.entry import check_worker
 from async_task_api_worker.runtime.exit_codes import ExitCode, say_error
 from async_task_api_worker.settings import load_settings
 
@@ -75,7 +74,6 @@ def tick_command(
         raise SettingsError("--max-new must be 0 or more")
     settings = load_settings(flags)
     worker = load_target(target, settings)
-    check_worker(worker, settings)
     _check_writable(Path(state_dir))
     configure_logging(settings.log_level, log_format=settings.log_format)
     tick = run_tick(
