@@ -127,6 +127,34 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="give up (exit 1) after this many seconds without every terminal report",
     )
+    conformance = commands.add_parser(
+        "conformance",
+        help="check a running worker service of any language against the protocol, through "
+        "the broker (docs/conformance.md)",
+    )
+    conformance.add_argument("--service", required=True, help="the worker's service name")
+    conformance.add_argument(
+        "--broker-url", default=None, help="the worker's broker (default: BROKER_URL's first)"
+    )
+    conformance.add_argument(
+        "--only", default=None, metavar="CASES", help="run these cases only (comma-separated)"
+    )
+    conformance.add_argument(
+        "--junit-xml", default=None, metavar="PATH", help="also write the verdicts as JUnit XML"
+    )
+    conformance.add_argument(
+        "--rabbitmqctl",
+        default=None,
+        metavar="COMMAND",
+        help="the broker's rabbitmqctl, for the cases that set a policy (default: the one on "
+        "PATH; empty: skip those cases)",
+    )
+    conformance.add_argument(
+        "--timeout-s",
+        type=float,
+        default=30.0,
+        help="the longest wait for a report, seconds (default 30)",
+    )
     return parser
 
 
@@ -157,6 +185,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             from async_task_api_worker.cli.commands.dev import dev_command
 
             return dev_command(arguments.target, arguments.file, flags=flags)
+        if arguments.command == "conformance":
+            from async_task_api_worker.cli.commands.conformance import conformance_command
+
+            return conformance_command(
+                service=arguments.service,
+                broker_url=arguments.broker_url,
+                rabbitmqctl=arguments.rabbitmqctl,
+                only=arguments.only,
+                junit=arguments.junit_xml,
+                timeout_s=arguments.timeout_s,
+            )
         from async_task_api_worker.cli.commands.submit import submit_command
 
         return submit_command(

@@ -13,7 +13,7 @@ import re
 from typing import Any, Final
 
 import aiormq
-from aio_pika.abc import AbstractChannel, AbstractQueue, AbstractRobustConnection
+from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractQueue
 
 __all__ = ["declare_queue", "inequivalent_argument", "queue_type"]
 
@@ -74,7 +74,7 @@ async def declare_queue(channel: AbstractChannel, name: str) -> AbstractQueue:
         return await channel.declare_queue(name, passive=True)
 
 
-async def queue_type(connection: AbstractRobustConnection, name: str) -> str:
+async def queue_type(connection: AbstractConnection, name: str) -> str:
     """The type of the existing queue ``name``: ``quorum``, ``classic``, ``stream``...
 
     AMQP does not report a queue's type, but RabbitMQ compares the arguments of a repeated

@@ -1,0 +1,100 @@
+"""``conformance --service NAME``: run the conformance battery against a running worker.
+
+The worker under test (any language) serves the reference task of docs/conformance.md on the
+broker of ``--broker-url`` (default ``BROKER_URL``; its first URL). The kit reads the worker's
+variables for what it expects: ``IN_QUEUE_NAME``, ``OUT_QUEUE_NAME``, ``WORKER_DELIVERY_LIMIT``,
+``WORKER_PROGRESS_MIN_INTERVAL_S`` and ``WORKER_MAX_MESSAGE_BYTES`` (give the kit the values the
+worker runs with). It prints a table of the cases, writes JUnit XML with ``--junit-xml``, and
+exits 0 when no case failed, 1 when one did (or the broker or the worker could not be reached),
+2 for a usage error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import sys
+import urllib.parse
+from pathlib import Path
+
+from async_task_api_worker.conformance.admin import Admin
+from async_task_api_worker.conformance.battery import (
+    Battery,
+    Outcome,
+    junit_xml,
+    new_run_id,
+    run_battery,
+    table,
+)
+from async_task_api_worker.conformance.cases import Setup
+from async_task_api_worker.runtime.exit_codes import ExitCode, say_error
+from async_task_api_worker.settings import load_settings
+
+__all__ = ["conformance_command"]
+
+
+def _vhost(url: str) -> str:
+    path = urllib.parse.urlsplit(url).path
+    return urllib.parse.unquote(path[1:]) if len(path) > 1 else "/"
+
+
+def _admin(url: str, rabbitmqctl: str | None) -> tuple[Admin | None, str]:
+    if rabbitmqctl == "":
+        return None, "--rabbitmqctl is empty"
+    command = rabbitmqctl or shutil.which("rabbitmqctl")
+    if command is None:
+        return None, "rabbitmqctl is not on PATH (--rabbitmqctl names it)"
+    return Admin(command, _vhost(url)), ""
+
+
+def conformance_command(
+    *,
+    service: str,
+    broker_url: str | None,
+    rabbitmqctl: str | None,
+    only: str | None,
+    junit: str | None,
+    timeout_s: float,
+) -> int:
+    """Run the battery; print the table; return the exit code (see the module)."""
+    values = {"broker_url": broker_url} if broker_url else {}
+    settings = load_settings(values)  # a bad variable raises ConfigError: exit 2, one line
+    url = settings.broker_urls()[0]
+    admin, admin_missing = _admin(url, rabbitmqctl)
+    battery = Battery(
+        url=url,
+        in_queue=settings.in_queue(service),
+        out_queue=settings.out_queue(service),
+        setup=Setup(
+            service=service,
+            delivery_limit=settings.worker_delivery_limit,
+            progress_interval_s=settings.worker_progress_min_interval_s,
+            max_message_bytes=settings.worker_max_message_bytes,
+            run_id=new_run_id(),
+            admin=admin,
+            admin_missing=admin_missing,
+        ),
+        timeout_s=timeout_s,
+        only=tuple(name.strip() for name in only.split(",")) if only else (),
+    )
+    try:
+        battery.cases()
+    except ValueError as exc:
+        say_error(exc)
+        return ExitCode.CONFIG
+    print(
+        f"conformance: service {service!r}, queues {battery.in_queue} -> {battery.out_queue}, "
+        f"run {battery.setup.run_id}",
+        flush=True,
+    )
+    try:
+        verdicts = asyncio.run(run_battery(battery))
+    except (ConnectionError, LookupError) as exc:
+        say_error(exc)
+        return ExitCode.FAILURE
+    print(table(verdicts))
+    if junit:
+        Path(junit).write_bytes(junit_xml(verdicts))
+    failed = any(verdict.outcome is Outcome.FAIL for verdict in verdicts)
+    sys.stdout.flush()
+    return ExitCode.FAILURE if failed else ExitCode.OK

@@ -1,0 +1,120 @@
+"""What the kit asks of the broker's operator tool: a policy, and a queue's unacked count.
+
+One case needs more than AMQP: to see that a worker acks only after its terminal report, the
+kit holds the output queue full (a ``max-length`` policy with ``reject-publish``) and reads the
+input queue's unacknowledged count, which AMQP does not report. Both go through
+``rabbitmqctl`` (the broker's own CLI: ``set_policy``, ``clear_policy``, ``list_queues``),
+scoped to the worker's vhost and to one queue name; without it, that case is skipped. Run
+the worker under test in a vhost of its own: the unacked count is the vhost's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import shlex
+from dataclasses import dataclass
+from typing import Final
+
+__all__ = ["HOLD_POLICY", "Admin", "AdminError", "QueueCounts"]
+
+#: The name of the kit's temporary policy (removed at the end of its case, whatever happens).
+HOLD_POLICY: Final = "atw-conformance-hold"
+#: Above any policy an operator sets: a queue takes the one policy of highest priority.
+_HOLD_PRIORITY: Final = 999
+
+
+class AdminError(RuntimeError):
+    """``rabbitmqctl`` failed; the message names the call and quotes its last line."""
+
+
+@dataclass(frozen=True, slots=True)
+class QueueCounts:
+    """A queue's messages ``ready`` to deliver; the vhost's deliveries not yet acked."""
+
+    ready: int
+    unacked: int
+
+
+@dataclass(frozen=True, slots=True)
+class Admin:
+    """``rabbitmqctl`` (``command``, split like a shell word list) for the vhost ``vhost``."""
+
+    command: str
+    vhost: str
+
+    async def _call(self, *arguments: str) -> str:
+        argv = [*shlex.split(self.command), *arguments]
+        process = await asyncio.create_subprocess_exec(
+            *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+        )
+        out, err = await process.communicate()
+        if process.returncode != 0:
+            last = (err or out).decode(errors="replace").strip().splitlines()[-1:] or [""]
+            raise AdminError(f"{' '.join(argv[-len(arguments) :])} failed: {last[0][:200]}")
+        return out.decode(errors="replace")
+
+    async def hold_full(self, queue: str) -> None:
+        """Make ``queue`` refuse every publish (``max-length`` 0, ``reject-publish``)."""
+        definition = json.dumps({"max-length": 0, "overflow": "reject-publish"})
+        await self._call(
+            "set_policy",
+            "-p",
+            self.vhost,
+            "--apply-to",
+            "queues",
+            "--priority",
+            str(_HOLD_PRIORITY),
+            HOLD_POLICY,
+            f"^{re.escape(queue)}$",
+            definition,
+        )
+
+    async def release(self) -> None:
+        """Remove the hold (a no-op when there is none)."""
+        try:
+            await self._call("clear_policy", "-p", self.vhost, HOLD_POLICY)
+        except AdminError as exc:
+            if "not found" not in str(exc).lower():
+                raise
+
+    async def counts(self, queue: str) -> QueueCounts:
+        """The ``ready`` messages of ``queue`` and the vhost's ``unacked`` deliveries.
+
+        The unacked count is summed over the vhost's channels (``list_channels``), which count
+        as deliveries happen; a quorum queue's own figure lags by its statistics interval.
+
+        Raises:
+            AdminError: a call failed, or the queue is not listed.
+        """
+        out = await self._call(
+            "list_queues", "-q", "--no-table-headers", "-p", self.vhost, "name", "messages_ready"
+        )
+        ready = None
+        for line in out.splitlines():
+            parts = line.split("\t")
+            if len(parts) >= 2 and parts[0] == queue:
+                ready = int(parts[1])
+        if ready is None:
+            raise AdminError(f"list_queues did not list {queue!r}")
+        out = await self._call(
+            "list_channels", "-q", "--no-table-headers", "vhost", "messages_unacknowledged"
+        )
+        unacked = 0
+        for line in out.splitlines():
+            parts = line.split("\t")
+            if len(parts) >= 2 and parts[0] == self.vhost and parts[1].strip().isdigit():
+                unacked += int(parts[1])
+        return QueueCounts(ready=ready, unacked=unacked)
+
+    async def policy_of(self, queue: str) -> str:
+        """The name of the policy in force on ``queue`` (empty when none)."""
+        out = await self._call(
+            "list_queues", "-q", "--no-table-headers", "-p", self.vhost, "name", "policy"
+        )
+        for line in out.splitlines():
+            parts = line.split("\t")
+            if parts and parts[0] == queue:
+                return parts[1].strip() if len(parts) > 1 else ""
+        return ""

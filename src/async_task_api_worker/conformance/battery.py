@@ -1,0 +1,170 @@
+"""Running the battery against a worker service, and saying the verdicts.
+
+:func:`run_battery` opens a :class:`~async_task_api_worker.conformance.wire.Wire` to the
+worker's queues and runs the cases of ``conformance.cases`` one after another (a case's tasks
+must not mix with another's: one of them borrows deliveries). Each ends ``pass``, ``fail`` (the
+problems found) or ``skip`` (why it could not run). :func:`table` and :func:`junit_xml` say
+them; the command exits 0 only when no case failed.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+import xml.etree.ElementTree as ET
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+
+from async_task_api_worker.conformance.cases import CASES, Case, Findings, Setup, Skip
+from async_task_api_worker.conformance.wire import Wire
+
+__all__ = ["Battery", "Outcome", "Verdict", "junit_xml", "new_run_id", "run_battery", "table"]
+
+
+class Outcome(StrEnum):
+    """How a case ended."""
+
+    PASS = "pass"  # noqa: S105 - a verdict, not a password
+    FAIL = "fail"
+    SKIP = "skip"
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """One case's verdict: what it checks, how it ended, what was seen, and its time in s."""
+
+    case: str
+    checks: str
+    outcome: Outcome
+    seen: tuple[str, ...]
+    duration_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class Battery:
+    """Where the worker under test is, and what it was configured with.
+
+    Attributes:
+        url: the broker's AMQP URL (its vhost is the worker's).
+        in_queue: the worker's input queue.
+        out_queue: its output queue; the kit consumes it for the run.
+        setup: the worker's settings as the cases need them.
+        timeout_s: the longest wait for any one report, in seconds.
+        only: the names of the cases to run (all when empty).
+    """
+
+    url: str
+    in_queue: str
+    out_queue: str
+    setup: Setup
+    timeout_s: float = 30.0
+    only: tuple[str, ...] = ()
+
+    def cases(self) -> tuple[Case, ...]:
+        """The cases to run, in the battery's order.
+
+        Raises:
+            ValueError: ``only`` names a case that does not exist.
+        """
+        names = {case.name for case in CASES}
+        unknown = [name for name in self.only if name not in names]
+        if unknown:
+            raise ValueError(
+                f"unknown case {', '.join(unknown)} (the cases: {', '.join(sorted(names))})"
+            )
+        return tuple(case for case in CASES if not self.only or case.name in self.only)
+
+
+def new_run_id() -> str:
+    """A short id marking one run's task ids (8 hex digits)."""
+    return uuid.uuid4().hex[:8]
+
+
+async def _run_case(case: Case, wire: Wire, setup: Setup) -> Verdict:
+    started = time.monotonic()
+    found = Findings()
+    try:
+        await case.run(wire, setup, found)
+    except Skip as skip:
+        return Verdict(case.name, case.checks, Outcome.SKIP, (str(skip),), _since(started))
+    except Exception as exc:  # a case that cannot finish fails, and says why
+        found.problems.append(f"the case stopped: {type(exc).__name__}: {exc}"[:300])
+    outcome = Outcome.FAIL if found.problems else Outcome.PASS
+    return Verdict(
+        case.name, case.checks, outcome, (*found.problems, *found.notes), _since(started)
+    )
+
+
+def _since(started: float) -> float:
+    return round(time.monotonic() - started, 2)
+
+
+async def run_battery(battery: Battery) -> list[Verdict]:
+    """Run the cases against the worker, in order.
+
+    A worker that does not answer the first case (``round_trip``) fails it, and the cases
+    after it are skipped rather than timed out one by one.
+
+    Raises:
+        ConnectionError: the broker cannot be reached.
+        LookupError: a queue is missing, or no worker consumes the input queue.
+        ValueError: ``only`` names an unknown case.
+    """
+    cases = battery.cases()
+    wire = await Wire.open(battery.url, battery.in_queue, battery.out_queue, battery.timeout_s)
+    verdicts: list[Verdict] = []
+    async with wire:
+        silent = False
+        for case in cases:
+            if silent:
+                why = "the worker did not answer the round trip"
+                verdicts.append(Verdict(case.name, case.checks, Outcome.SKIP, (why,), 0.0))
+                continue
+            verdict = await _run_case(case, wire, battery.setup)
+            verdicts.append(verdict)
+            silent = case.name == "round_trip" and any(
+                line.startswith("no report") for line in verdict.seen
+            )
+    return verdicts
+
+
+def table(verdicts: Sequence[Verdict]) -> str:
+    """The verdicts as a Markdown table: case, verdict, time, what was seen."""
+    lines = ["| case | verdict | s | what was seen |", "|---|---|---:|---|"]
+    for verdict in verdicts:
+        seen = "; ".join(verdict.seen).replace("|", "\\|").replace("\n", " ")
+        lines.append(
+            f"| {verdict.case} | {verdict.outcome.value.upper()} | {verdict.duration_s:.1f} "
+            f"| {seen} |"
+        )
+    passed = sum(verdict.outcome is Outcome.PASS for verdict in verdicts)
+    failed = sum(verdict.outcome is Outcome.FAIL for verdict in verdicts)
+    skipped = len(verdicts) - passed - failed
+    lines.append("")
+    lines.append(f"{passed} passed, {failed} failed, {skipped} skipped")
+    return "\n".join(lines)
+
+
+def junit_xml(verdicts: Sequence[Verdict], *, suite: str = "conformance") -> bytes:
+    """The verdicts as JUnit XML (one ``testsuite``, a ``testcase`` per case)."""
+    root = ET.Element(
+        "testsuite",
+        name=suite,
+        tests=str(len(verdicts)),
+        failures=str(sum(v.outcome is Outcome.FAIL for v in verdicts)),
+        skipped=str(sum(v.outcome is Outcome.SKIP for v in verdicts)),
+        time=f"{sum(v.duration_s for v in verdicts):.2f}",
+    )
+    for verdict in verdicts:
+        element = ET.SubElement(
+            root, "testcase", classname=suite, name=verdict.case, time=f"{verdict.duration_s:.2f}"
+        )
+        text = "\n".join(verdict.seen)
+        if verdict.outcome is Outcome.FAIL:
+            ET.SubElement(element, "failure", message=verdict.seen[0][:200]).text = text
+        elif verdict.outcome is Outcome.SKIP:
+            ET.SubElement(element, "skipped", message=text[:200])
+        else:
+            ET.SubElement(element, "system-out").text = text
+    return bytes(ET.tostring(root, encoding="utf-8", xml_declaration=True))

@@ -1,0 +1,216 @@
+"""The cases about what a worker takes in: a round trip, poison bodies, the limits.
+
+See ``conformance.case`` for what a case is; docs/protocol.md for the rules.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from aio_pika.exceptions import AMQPError, DeliveryError
+
+from async_task_api_worker.conformance.case import (
+    CATCH_WINDOW_S,
+    CLIENT_ID,
+    Findings,
+    Setup,
+    envelope,
+    error_code,
+    kinds,
+    one_success,
+    task_id,
+)
+from async_task_api_worker.conformance.wire import Wire
+from async_task_api_worker.protocol.codes import ErrorCode
+from async_task_api_worker.protocol.encoding import MAX_NESTING_DEPTH
+
+__all__ = ["decoding", "limits", "round_trip"]
+
+# ------------------------------------------------------------------------------- round trip
+
+
+async def round_trip(wire: Wire, setup: Setup, found: Findings) -> None:
+    """``succeed``: ``started`` then ``success`` with the output as the response, attempt 1."""
+    tid = task_id(setup, "round_trip", 1)
+    output = {"hello": "world"}
+    body = envelope(setup, tid, {"behaviour": "succeed", "output": output})
+    await wire.publish(body, message_id=tid)
+    reports = await wire.wait_terminal(tid)
+    if not found.expect(bool(reports), f"no report for {tid} within {wire.timeout_s:.0f} s"):
+        return
+    found.expect(reports[0].type == "started", f"first report is {reports[0].type}, not started")
+    success = one_success(found, tid, reports, tid)
+    if success is not None and success.document is not None:
+        found.expect(success.document.get("response") == output, "the response is not the output")
+        found.expect(success.document.get("attempt") == 1, "a first delivery is not attempt 1")
+    found.notes.append(f"{tid}: {kinds(reports)}")
+
+
+# ------------------------------------------------------------------------------- decoding
+
+
+async def decoding(wire: Wire, setup: Setup, found: Findings) -> None:
+    """Poison bodies: one ``failure POISON_MESSAGE`` when the id is readable, else nothing.
+
+    docs/protocol.md, "Decoding and poison messages": with a readable task id, one failure
+    (no ``started``), acked; without one, no report and a reject (never requeued). A bad input
+    is ``INVALID_INPUT``. The worker serves the next task.
+    """
+    service = setup.service
+    with_id: list[tuple[str, bytes, str | None, str]] = []  # id, body, client id, what
+    n = 0
+
+    def next_id() -> str:
+        nonlocal n
+        n += 1
+        return task_id(setup, "decoding", n)
+
+    tid = next_id()
+    with_id.append((tid, envelope(setup, tid, {}, protocol_version=2), CLIENT_ID, "version 2"))
+    tid = next_id()
+    with_id.append((tid, envelope(setup, tid, "text"), CLIENT_ID, "input not an object"))
+    tid = next_id()
+    with_id.append(
+        (tid, envelope(setup, tid, {}, service=f"not-{service}"), CLIENT_ID, "another service")
+    )
+    tid = next_id()
+    body = envelope(setup, tid, {}, client_id=None)
+    with_id.append((tid, body, None, "client_id null"))
+    without_id: list[tuple[str, bytes, str]] = []
+    tid = next_id()
+    without_id.append((tid, b'\xff\xfe{"task_id":"' + tid.encode() + b'"}', "not UTF-8"))
+    tid = next_id()
+    without_id.append((tid, b'{"task_id":"' + tid.encode() + b'","input":{', "truncated JSON"))
+    tid = next_id()
+    without_id.append((tid, json.dumps([tid]).encode(), "an array"))
+    tid = next_id()
+    bad = f"bad id {tid}"
+    without_id.append((bad, envelope(setup, bad, {"behaviour": "succeed"}), "task id with spaces"))
+    invalid_input = next_id()
+    sentinel = next_id()
+
+    for tid, body, _, _ in with_id:
+        await wire.publish(body, message_id=tid)
+    for _, body, _ in without_id:
+        await wire.publish(body)
+    await wire.publish(envelope(setup, invalid_input, {"behaviour": "dance"}))
+    await wire.publish(envelope(setup, sentinel, {"behaviour": "succeed"}))
+
+    for tid, _, client_id, what in with_id:
+        reports = await wire.wait_terminal(tid)
+        ok = found.expect(
+            len(reports) == 1 and error_code(reports[0]) == ErrorCode.POISON_MESSAGE,
+            f"{what}: expected one failure POISON_MESSAGE, saw {kinds(reports)}",
+        )
+        if ok and reports[0].document is not None:
+            document = reports[0].document
+            found.expect(
+                document.get("client_id") == client_id,
+                f"{what}: client_id {document.get('client_id')!r}, not {client_id!r}",
+            )
+            found.expect(
+                document.get("service") == service,
+                f"{what}: the failure's service is not the worker's own",
+            )
+    reports = await wire.wait_terminal(invalid_input)
+    found.expect(
+        [seen.type for seen in reports] == ["failure"]
+        and error_code(reports[0]) == ErrorCode.INVALID_INPUT,
+        f"an unknown behaviour: expected one failure INVALID_INPUT, saw {kinds(reports)}",
+    )
+    reports = await wire.wait_terminal(sentinel)
+    one_success(found, sentinel, reports, "the task after the poison bodies")
+    caught = await wire.catch_requeued(CATCH_WINDOW_S)
+    found.expect(not caught, f"{len(caught)} poison bodies still or again in the input queue")
+    for tid, _, what in without_id:
+        reports = wire.reports(tid)
+        found.expect(not reports, f"{what}: {len(reports)} reports for an unreadable task id")
+    found.notes.append(
+        f"{len(with_id)} bodies with a task id, {len(without_id)} without, one bad input"
+    )
+
+
+# ------------------------------------------------------------------------------- limits
+
+
+def _nested(levels: int) -> Any:
+    value: Any = []
+    for _ in range(levels - 1):
+        value = [value]
+    return value
+
+
+def _padded(setup: Setup, tid: str, size: int) -> bytes:
+    """An envelope of exactly ``size`` bytes: a ``succeed`` input padded with ``x``."""
+    empty = envelope(setup, tid, {"behaviour": "succeed", "padding": ""})
+    return envelope(setup, tid, {"behaviour": "succeed", "padding": "x" * (size - len(empty))})
+
+
+async def limits(wire: Wire, setup: Setup, found: Findings) -> None:
+    """The documented limits, each at its edge: id syntax, nesting depth, message size.
+
+    docs/protocol.md, "The envelope" and "Decoding and poison messages": a task id of 128
+    characters is taken, of 129 is unreadable (no report); a body nesting 64 levels is taken,
+    65 is ``too_deep`` (a ``POISON_MESSAGE`` failure); a body of ``WORKER_MAX_MESSAGE_BYTES`` is
+    taken, one byte more is ``too_large`` (no report).
+    """
+    prefix = task_id(setup, "limits", 0)
+    longest = (prefix + "-" + "x" * 128)[:128]
+    too_long = longest + "y"
+    # The envelope is level 1 and its input level 2: a list nested n levels inside the input
+    # reaches level n + 2.
+    deep_ok = task_id(setup, "limits", 1)
+    too_deep = task_id(setup, "limits", 2)
+    at_size = task_id(setup, "limits", 3)
+    over_size = task_id(setup, "limits", 4)
+    inside = MAX_NESTING_DEPTH - 2
+    await wire.publish(envelope(setup, longest, {"behaviour": "succeed"}), message_id=longest)
+    await wire.publish(envelope(setup, too_long, {"behaviour": "succeed"}))
+    await wire.publish(
+        envelope(setup, deep_ok, {"behaviour": "succeed", "deep": _nested(inside)}),
+        message_id=deep_ok,
+    )
+    await wire.publish(
+        envelope(setup, too_deep, {"behaviour": "succeed", "deep": _nested(inside + 1)}),
+        message_id=too_deep,
+    )
+    sizes_sent = True
+    try:
+        await wire.publish(_padded(setup, at_size, setup.max_message_bytes), message_id=at_size)
+        await wire.publish(_padded(setup, over_size, setup.max_message_bytes + 1))
+    except (DeliveryError, AMQPError) as exc:
+        sizes_sent = False
+        found.notes.append(
+            f"size edge not checked: the broker refused a body of {setup.max_message_bytes} "
+            f"bytes ({type(exc).__name__}): its max_message_size is lower"
+        )
+        await wire.reopen_if_closed()
+
+    reports = await wire.wait_terminal(longest)
+    one_success(found, longest, reports, "a task id of 128 characters")
+    reports = await wire.wait_terminal(deep_ok)
+    one_success(found, deep_ok, reports, f"a body nesting {MAX_NESTING_DEPTH} levels")
+    reports = await wire.wait_terminal(too_deep)
+    found.expect(
+        [seen.type for seen in reports] == ["failure"]
+        and error_code(reports[0]) == ErrorCode.POISON_MESSAGE,
+        f"a body nesting {MAX_NESTING_DEPTH + 1} levels: expected one failure POISON_MESSAGE, "
+        f"saw {kinds(reports)}",
+    )
+    if sizes_sent:
+        reports = await wire.wait_terminal(at_size)
+        one_success(found, at_size, reports, f"a body of {setup.max_message_bytes} bytes")
+    caught = await wire.catch_requeued(CATCH_WINDOW_S)
+    found.expect(not caught, f"{len(caught)} refused bodies still or again in the input queue")
+    found.notes.append(
+        f"ids of 128 and 129 characters, depth {MAX_NESTING_DEPTH} and {MAX_NESTING_DEPTH + 1}"
+        + (f", bodies of {setup.max_message_bytes} bytes and one more" if sizes_sent else "")
+    )
+    found.expect(not wire.reports(too_long), "reports for a task id of 129 characters")
+    if sizes_sent:
+        found.expect(
+            not wire.reports(over_size),
+            f"reports for a body of {setup.max_message_bytes + 1} bytes (too large: its task "
+            f"id must not be read)",
+        )

@@ -1,0 +1,231 @@
+"""The cases about the reports themselves: their bytes and properties, and their order.
+
+See ``conformance.case`` for what a case is; docs/protocol.md for the rules.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any, Final
+
+from async_task_api_worker.conformance.case import (
+    SETTLE_S,
+    Findings,
+    Setup,
+    envelope,
+    kinds,
+    task_id,
+    terminal,
+)
+from async_task_api_worker.conformance.wire import Seen, Wire
+from async_task_api_worker.protocol.encoding import canonical_dumps
+from async_task_api_worker.protocol.reports import TIMESTAMP_PATTERN
+
+__all__ = ["check_encoding", "encoding", "order"]
+
+# ------------------------------------------------------------------------------- encoding
+
+_TRICKY_OUTPUT: Final[dict[str, Any]] = {
+    "z": 1,
+    "a": 1.0,
+    "e": 1.2345e-07,
+    "big": 12345678901234567890,
+    "f": 2500.0,
+    "s": 'quote " backslash \\ nl \n tab \t ctl \u0001 del \u007f ls \u2028 / é 😀',
+    "\uff5a": "fullwidth z sorts before the emoji",
+    "\U0001f600": "emoji",
+    "n": None,
+    "t": True,
+    "l": [1.5, {"y": 2, "x": []}, "b"],
+    "o": {"b": {}, "a": [0.0, -0.5]},
+}
+
+
+def _schema_validator() -> Callable[[Any], list[str]] | None:
+    try:
+        from jsonschema import Draft202012Validator  # type: ignore[import-untyped,unused-ignore]
+    except ImportError:  # the conformance extra is not installed
+        return None
+    from async_task_api_worker.protocol.schemas import load_schema
+
+    validator = Draft202012Validator(load_schema("report"))
+    return lambda document: [error.message[:120] for error in validator.iter_errors(document)]
+
+
+def check_encoding(
+    found: Findings, seen: Seen, service: str, validate: Callable[[Any], list[str]] | None
+) -> tuple[int, int] | None:
+    """Check one report's bytes and properties; returns its ``(attempt, seq)`` when readable."""
+    document = seen.document
+    label = f"{seen.properties.get('message_id')}"
+    if document is None:
+        found.problems.append(f"{label}: the body is not a JSON object")
+        return None
+    found.expect(
+        canonical_dumps(document) == seen.body,
+        f"{label}: not the canonical encoding (key order, separators, number or string forms): "
+        f"{seen.body[:80]!r}",
+    )
+    if validate is not None:
+        errors = validate(document)
+        found.expect(not errors, f"{label}: not valid against report.schema.json: {errors[:2]}")
+    props = seen.properties
+    kind = document.get("type")
+    tid = document.get("task_id")
+    expected = {
+        "content_type": "application/json",
+        "content_encoding": "utf-8",
+        "delivery_mode": 2,
+        "correlation_id": tid,
+        "type": kind,
+        "app_id": service,
+    }
+    for name, value in expected.items():
+        found.expect(props.get(name) == value, f"{label}: {name} is {props.get(name)!r}")
+    stamp = document.get("timestamp")
+    if isinstance(stamp, str) and found.expect(
+        re.match(TIMESTAMP_PATTERN, stamp) is not None, f"{label}: timestamp {stamp!r}"
+    ):
+        seconds = int(datetime.fromisoformat(stamp).timestamp())
+        found.expect(
+            props.get("timestamp") == seconds,
+            f"{label}: AMQP timestamp {props.get('timestamp')} is not {seconds}",
+        )
+    message_id = str(props.get("message_id"))
+    head, _, seq = message_id.rpartition("/")
+    attempt = document.get("attempt")
+    if found.expect(
+        head == f"{tid}/{attempt}" and seq.isdigit(),
+        f"{label}: message_id is not <task_id>/<attempt>/<seq>",
+    ):
+        return int(attempt) if isinstance(attempt, int) else 0, int(seq)
+    return None
+
+
+async def encoding(wire: Wire, setup: Setup, found: Findings) -> None:
+    """Every report byte-exact, schema-valid, with the protocol's AMQP properties.
+
+    docs/protocol.md, "Canonical encoding" and "AMQP properties": sorted keys, no white space,
+    numbers and strings in their one form; ``message_id`` ``<task>/<attempt>/<seq>`` with
+    ``seq`` growing from 0; the response and payload exactly what the handler returned.
+    """
+    payload = {"k": 0.5, "j": "ü", "i": [1, 2.0]}
+    message = 'a message with ünïcödé, a quote " and a newline \n'
+    tasks: dict[str, dict[str, Any]] = {
+        task_id(setup, "encoding", 1): {"behaviour": "succeed", "output": _TRICKY_OUTPUT},
+        task_id(setup, "encoding", 2): {
+            "behaviour": "fail",
+            "code": "CONFORMANCE_CODE",
+            "message": message,
+        },
+        task_id(setup, "encoding", 3): {
+            "behaviour": "progress",
+            "fractions": [0.25],
+            "payload": payload,
+            "output": {"done": True},
+        },
+    }
+    for tid, task_input in tasks.items():
+        await wire.publish(envelope(setup, tid, task_input), message_id=tid)
+    validate = _schema_validator()
+    if validate is None:
+        found.notes.append("schema not checked: install the conformance extra (jsonschema)")
+    count = 0
+    for tid, task_input in tasks.items():
+        reports = await wire.wait_terminal(tid)
+        found.expect(terminal(reports) is not None, f"{tid}: no terminal report")
+        last: tuple[int, int] | None = None
+        for seen in reports:
+            count += 1
+            position = check_encoding(found, seen, setup.service, validate)
+            if position is not None and last is not None and position[0] == last[0]:
+                found.expect(position[1] > last[1], f"{tid}: seq does not grow")
+            last = position or last
+            document = seen.document or {}
+            if seen.type == "success":
+                wanted = canonical_dumps(task_input.get("output", {}))
+                found.expect(
+                    canonical_dumps(document.get("response")) == wanted,
+                    f"{tid}: the response is not the output, value for value and type for type",
+                )
+            if seen.type == "progress":
+                found.expect(
+                    canonical_dumps(document.get("payload")) == canonical_dumps(payload)
+                    and document.get("fraction") == 0.25,
+                    f"{tid}: the progress report is not the fraction and payload reported",
+                )
+            if seen.type == "failure" and task_input["behaviour"] == "fail":
+                found.expect(
+                    document.get("error") == {"code": "CONFORMANCE_CODE", "message": message},
+                    f"{tid}: the error is not the handler's code and message",
+                )
+        if reports:
+            found.expect(
+                reports[0].properties.get("message_id") == f"{tid}/1/0",
+                f"{tid}: the first report's message_id is not {tid}/1/0",
+            )
+    found.notes.append(f"{count} reports checked byte for byte")
+
+
+# ------------------------------------------------------------------------------- order
+
+
+async def order(wire: Wire, setup: Setup, found: Findings) -> None:
+    """``started`` first, progress non-decreasing and throttled, one terminal, nothing after.
+
+    docs/protocol.md, "Reports" and "Ordering and duplicates". A held update may be flushed
+    right before the terminal report, so the spacing is checked between the others.
+    """
+    interval = setup.progress_interval_s
+    rapid = [round(0.1 * step, 1) for step in range(1, 10)]
+    spaced = [0.2, 0.4, 0.6]
+    tasks: dict[str, dict[str, Any]] = {
+        task_id(setup, "order", 1): {"behaviour": "progress", "fractions": rapid},
+        task_id(setup, "order", 2): {
+            "behaviour": "progress",
+            "fractions": spaced,
+            "interval_s": round(interval * 0.6, 3),
+        },
+    }
+    for tid, task_input in tasks.items():
+        await wire.publish(envelope(setup, tid, task_input), message_id=tid)
+    for tid, task_input in tasks.items():
+        reports = await wire.wait_terminal(tid, settle_s=max(SETTLE_S, interval / 2))
+        types = [seen.type for seen in reports]
+        found.notes.append(f"{tid}: {kinds(reports)}")
+        if not found.expect(bool(reports), f"{tid}: no report"):
+            continue
+        found.expect(types[0] == "started", f"{tid}: the first report is {types[0]}")
+        terminals = [i for i, seen in enumerate(reports) if seen.terminal]
+        if not found.expect(len(terminals) == 1, f"{tid}: {len(terminals)} terminal reports"):
+            continue
+        found.expect(
+            terminals[0] == len(reports) - 1,
+            f"{tid}: {types[terminals[0] + 1 :]} after the terminal report",
+        )
+        progress = [seen for seen in reports[: terminals[0]] if seen.type == "progress"]
+        found.expect(
+            all(seen.type in ("started", "progress") for seen in reports[1 : terminals[0]]),
+            f"{tid}: unexpected reports before the terminal one: {types}",
+        )
+        fractions: list[Any] = [(seen.document or {}).get("fraction") for seen in progress]
+        found.expect(
+            all(f in task_input["fractions"] for f in fractions) and fractions == sorted(fractions),
+            f"{tid}: progress fractions {fractions} are not the reported ones in order",
+        )
+        stamps = [datetime.fromisoformat((seen.document or {})["timestamp"]) for seen in progress]
+        # The last one may be a held update flushed ahead of the terminal report.
+        gaps = [(b - a).total_seconds() for a, b in itertools.pairwise(stamps[:-1])]
+        found.expect(
+            all(gap >= interval * 0.9 for gap in gaps),
+            f"{tid}: progress reports {gaps} s apart, less than {interval} s",
+        )
+        if task_input["fractions"] is rapid:
+            found.expect(
+                len(progress) <= 2,
+                f"{tid}: {len(progress)} progress reports for 9 updates made at once "
+                f"(throttled: at most one per {interval} s, and a last one flushed)",
+            )

@@ -1,0 +1,150 @@
+"""The cases about settling a delivery: attempts and the delivery limit, the ack's moment.
+
+See ``conformance.case`` for what a case is; docs/protocol.md for the rules.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+
+from async_task_api_worker.conformance.admin import HOLD_POLICY, Admin, AdminError
+from async_task_api_worker.conformance.case import (
+    HOLD_S,
+    Findings,
+    Setup,
+    Skip,
+    envelope,
+    error_code,
+    kinds,
+    one_success,
+    task_id,
+    terminal,
+)
+from async_task_api_worker.conformance.wire import Wire
+from async_task_api_worker.protocol.codes import ErrorCode
+
+__all__ = ["acknowledgement", "retries"]
+
+# ------------------------------------------------------------------------------- retries
+
+
+async def retries(wire: Wire, setup: Setup, found: Findings) -> None:
+    """Attempts from the broker's delivery count; the last attempt concludes; past it, abandon.
+
+    docs/protocol.md, "Attempts and the delivery limit". The kit takes each task before the
+    worker and gives it back (``Wire.borrow``), so that the worker first sees it with a count
+    it never caused: a worker that counts attempts itself reports the wrong one.
+    """
+    if wire.in_queue_type != "quorum":
+        raise Skip(
+            f"the input queue is {wire.in_queue_type}: only a quorum queue counts deliveries"
+        )
+    limit = setup.delivery_limit
+    counted = task_id(setup, "retries", 1)
+    counts = await wire.borrow(envelope(setup, counted, {"behaviour": "succeed"}), counted, times=2)
+    if counts[1:] and counts[1] is None:
+        raise Skip("the broker does not count a delivery given back (no x-delivery-count)")
+    reports = await wire.wait_terminal(counted)
+    attempts = [(seen.document or {}).get("attempt") for seen in reports]
+    found.expect(
+        [seen.type for seen in reports] == ["started", "success"] and attempts == [3, 3],
+        f"given back twice before the worker: expected started and success at attempt 3, "
+        f"saw {kinds(reports)} at attempts {attempts}",
+    )
+
+    abandoned = task_id(setup, "retries", 2)
+    await wire.borrow(envelope(setup, abandoned, {"behaviour": "succeed"}), abandoned, limit)
+    reports = await wire.wait_terminal(abandoned)
+    attempts = [(seen.document or {}).get("attempt") for seen in reports]
+    found.expect(
+        [seen.type for seen in reports] == ["failure"]
+        and error_code(reports[0]) == ErrorCode.TASK_ABANDONED_AFTER_REDELIVERIES
+        and attempts == [limit + 1],
+        f"given back {limit} times (the limit): expected one failure "
+        f"TASK_ABANDONED_AFTER_REDELIVERIES at attempt {limit + 1} without running, saw "
+        f"{kinds(reports)} at attempts {attempts}",
+    )
+
+    last = task_id(setup, "retries", 3)
+    before = max(limit - 2, 0)
+    retry = {"behaviour": "retry", "code": "CONFORMANCE_RETRY", "retry_delay_s": 0}
+    await wire.borrow(envelope(setup, last, retry), last, before)
+    reports = await wire.wait_terminal(last)
+    seen_pairs = [((s.document or {}).get("attempt"), s.type) for s in reports]
+    expected = [(attempt, "started") for attempt in range(before + 1, limit + 1)]
+    expected.append((limit, "failure"))
+    found.expect(
+        [pair for pair in seen_pairs if pair[1] != "progress"] == expected
+        and error_code(terminal(reports)) == "CONFORMANCE_RETRY",
+        f"a retryable error from attempt {before + 1}: expected {expected} ending in "
+        f"CONFORMANCE_RETRY, saw {seen_pairs}",
+    )
+    found.notes.append(f"delivery limit {limit}; the broker's counts when borrowed: {counts}")
+
+
+# ------------------------------------------------------------------------------- acknowledgement
+
+
+async def acknowledgement(wire: Wire, setup: Setup, found: Findings) -> None:
+    """The input stays unacked while its terminal report is withheld, and is acked after it.
+
+    docs/protocol.md, "Ordering and duplicates": the ack follows the terminal report's
+    confirm. The output queue is held full (``reject-publish``) while the task runs.
+    """
+    admin = setup.admin
+    if admin is None:
+        raise Skip(f"needs a policy on the output queue: {setup.admin_missing}")
+    tid = task_id(setup, "acknowledgement", 1)
+    try:
+        await wire.pause_reports()
+        await admin.hold_full(wire.out_queue)
+        if not await _until(lambda: _has_policy(admin, wire.out_queue), wire.timeout_s):
+            raise Skip("the broker did not apply the hold policy in time")
+        await wire.fill_out_queue()
+        await wire.publish(envelope(setup, tid, {"behaviour": "succeed"}), message_id=tid)
+        taken = await _until(lambda: _taken(admin, wire.in_queue), wire.timeout_s)
+        found.expect(taken, "the worker did not take the task while its reports were refused")
+        await asyncio.sleep(HOLD_S)
+        counts = await admin.counts(wire.in_queue)
+        found.expect(
+            counts.unacked >= 1 and counts.ready == 0,
+            f"while the terminal report was refused for {HOLD_S:.0f} s the input was "
+            f"{'acked' if counts.unacked == 0 and counts.ready == 0 else 'given back'} "
+            f"(ready {counts.ready}, unacked {counts.unacked})",
+        )
+    except AdminError as exc:
+        raise Skip(f"the operator tool failed: {exc}") from exc
+    finally:
+        await admin.release()
+        await wire.resume_reports()
+    reports = await wire.wait_terminal(tid)
+    one_success(found, tid, reports, "once the output queue took reports again")
+    settled = await _until(lambda: _settled(admin, wire.in_queue), wire.timeout_s)
+    found.expect(settled, "the input was not acked after its terminal report")
+    found.notes.append(f"held {HOLD_S:.0f} s: {kinds(reports)} after the release")
+
+
+async def _has_policy(admin: Admin, queue: str) -> bool:
+    return await admin.policy_of(queue) == HOLD_POLICY
+
+
+async def _taken(admin: Admin, queue: str) -> bool:
+    counts = await admin.counts(queue)
+    return counts.ready == 0
+
+
+async def _settled(admin: Admin, queue: str) -> bool:
+    counts = await admin.counts(queue)
+    return counts.ready == 0 and counts.unacked == 0
+
+
+async def _until(check: Callable[[], Awaitable[bool]], timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if await check():
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        await asyncio.sleep(0.2)
