@@ -2,8 +2,8 @@
 
 One case needs more than AMQP: to see that a worker acks only after its terminal report, the
 kit holds the output queue full (a ``max-length`` policy with ``reject-publish``) and reads the
-input queue's unacknowledged count, which AMQP does not report. Both go through
-``rabbitmqctl`` (the broker's own CLI: ``set_policy``, ``clear_policy``, ``list_queues``),
+vhost's unacknowledged deliveries, which AMQP does not report. Both go through
+``rabbitmqctl`` (the broker's own CLI: ``set_policy``, ``clear_policy``, ``list_channels``),
 scoped to the worker's vhost and to one queue name; without it, that case is skipped. Run
 the worker under test in a vhost of its own: the unacked count is the vhost's.
 """
@@ -17,7 +17,7 @@ import shlex
 from dataclasses import dataclass
 from typing import Final
 
-__all__ = ["HOLD_POLICY", "Admin", "AdminError", "QueueCounts"]
+__all__ = ["HOLD_POLICY", "Admin", "AdminError"]
 
 #: The name of the kit's temporary policy (removed at the end of its case, whatever happens).
 HOLD_POLICY: Final = "atw-conformance-hold"
@@ -27,14 +27,6 @@ _HOLD_PRIORITY: Final = 999
 
 class AdminError(RuntimeError):
     """``rabbitmqctl`` failed; the message names the call and quotes its last line."""
-
-
-@dataclass(frozen=True, slots=True)
-class QueueCounts:
-    """A queue's messages ``ready`` to deliver; the vhost's deliveries not yet acked."""
-
-    ready: int
-    unacked: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,25 +71,15 @@ class Admin:
             if "not found" not in str(exc).lower():
                 raise
 
-    async def counts(self, queue: str) -> QueueCounts:
-        """The ``ready`` messages of ``queue`` and the vhost's ``unacked`` deliveries.
+    async def unacked(self) -> int:
+        """The vhost's deliveries not yet acked, summed over its channels (``list_channels``).
 
-        The unacked count is summed over the vhost's channels (``list_channels``), which count
-        as deliveries happen; a quorum queue's own figure lags by its statistics interval.
+        Channels count as deliveries happen; a quorum queue's own ``messages_unacknowledged``
+        lags by the broker's statistics interval.
 
         Raises:
-            AdminError: a call failed, or the queue is not listed.
+            AdminError: the call failed.
         """
-        out = await self._call(
-            "list_queues", "-q", "--no-table-headers", "-p", self.vhost, "name", "messages_ready"
-        )
-        ready = None
-        for line in out.splitlines():
-            parts = line.split("\t")
-            if len(parts) >= 2 and parts[0] == queue:
-                ready = int(parts[1])
-        if ready is None:
-            raise AdminError(f"list_queues did not list {queue!r}")
         out = await self._call(
             "list_channels", "-q", "--no-table-headers", "vhost", "messages_unacknowledged"
         )
@@ -106,15 +88,4 @@ class Admin:
             parts = line.split("\t")
             if len(parts) >= 2 and parts[0] == self.vhost and parts[1].strip().isdigit():
                 unacked += int(parts[1])
-        return QueueCounts(ready=ready, unacked=unacked)
-
-    async def policy_of(self, queue: str) -> str:
-        """The name of the policy in force on ``queue`` (empty when none)."""
-        out = await self._call(
-            "list_queues", "-q", "--no-table-headers", "-p", self.vhost, "name", "policy"
-        )
-        for line in out.splitlines():
-            parts = line.split("\t")
-            if parts and parts[0] == queue:
-                return parts[1].strip() if len(parts) > 1 else ""
-        return ""
+        return unacked

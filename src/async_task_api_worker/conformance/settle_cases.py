@@ -9,7 +9,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 
-from async_task_api_worker.conformance.admin import HOLD_POLICY, Admin, AdminError
+from async_task_api_worker.conformance.admin import Admin, AdminError
 from async_task_api_worker.conformance.case import (
     HOLD_S,
     Findings,
@@ -91,7 +91,8 @@ async def acknowledgement(wire: Wire, setup: Setup, found: Findings) -> None:
     """The input stays unacked while its terminal report is withheld, and is acked after it.
 
     docs/protocol.md, "Ordering and duplicates": the ack follows the terminal report's
-    confirm. The output queue is held full (``reject-publish``) while the task runs.
+    confirm. The output queue is held full (``reject-publish``) while the task runs; the
+    vhost's unacked deliveries are read from the broker's channels (``Admin.unacked``).
     """
     admin = setup.admin
     if admin is None:
@@ -100,19 +101,18 @@ async def acknowledgement(wire: Wire, setup: Setup, found: Findings) -> None:
     try:
         await wire.pause_reports()
         await admin.hold_full(wire.out_queue)
-        if not await _until(lambda: _has_policy(admin, wire.out_queue), wire.timeout_s):
+        if not await _until(wire.out_queue_refuses, wire.timeout_s):
             raise Skip("the broker did not apply the hold policy in time")
-        await wire.fill_out_queue()
         await wire.publish(envelope(setup, tid, {"behaviour": "succeed"}), message_id=tid)
-        taken = await _until(lambda: _taken(admin, wire.in_queue), wire.timeout_s)
+        taken = await _until(lambda: _none_ready(wire), wire.timeout_s)
         found.expect(taken, "the worker did not take the task while its reports were refused")
         await asyncio.sleep(HOLD_S)
-        counts = await admin.counts(wire.in_queue)
+        ready, unacked = await wire.ready(), await admin.unacked()
         found.expect(
-            counts.unacked >= 1 and counts.ready == 0,
+            unacked >= 1 and ready == 0,
             f"while the terminal report was refused for {HOLD_S:.0f} s the input was "
-            f"{'acked' if counts.unacked == 0 and counts.ready == 0 else 'given back'} "
-            f"(ready {counts.ready}, unacked {counts.unacked})",
+            f"{'acked' if unacked == 0 and ready == 0 else 'given back'} "
+            f"(ready {ready}, unacked {unacked})",
         )
     except AdminError as exc:
         raise Skip(f"the operator tool failed: {exc}") from exc
@@ -121,23 +121,17 @@ async def acknowledgement(wire: Wire, setup: Setup, found: Findings) -> None:
         await wire.resume_reports()
     reports = await wire.wait_terminal(tid)
     one_success(found, tid, reports, "once the output queue took reports again")
-    settled = await _until(lambda: _settled(admin, wire.in_queue), wire.timeout_s)
+    settled = await _until(lambda: _settled(wire, admin), wire.timeout_s)
     found.expect(settled, "the input was not acked after its terminal report")
     found.notes.append(f"held {HOLD_S:.0f} s: {kinds(reports)} after the release")
 
 
-async def _has_policy(admin: Admin, queue: str) -> bool:
-    return await admin.policy_of(queue) == HOLD_POLICY
+async def _none_ready(wire: Wire) -> bool:
+    return await wire.ready() == 0
 
 
-async def _taken(admin: Admin, queue: str) -> bool:
-    counts = await admin.counts(queue)
-    return counts.ready == 0
-
-
-async def _settled(admin: Admin, queue: str) -> bool:
-    counts = await admin.counts(queue)
-    return counts.ready == 0 and counts.unacked == 0
+async def _settled(wire: Wire, admin: Admin) -> bool:
+    return await wire.ready() == 0 and await admin.unacked() == 0
 
 
 async def _until(check: Callable[[], Awaitable[bool]], timeout_s: float) -> bool:
@@ -147,4 +141,4 @@ async def _until(check: Callable[[], Awaitable[bool]], timeout_s: float) -> bool
             return True
         if time.monotonic() >= deadline:
             return False
-        await asyncio.sleep(0.2)
+        await asyncio.sleep(0.1)

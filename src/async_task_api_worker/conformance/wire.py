@@ -204,17 +204,29 @@ class Wire:
         if self._out is not None and self._reading is None:
             self._reading = await self._out.consume(self._on_report, no_ack=True)
 
-    async def fill_out_queue(self) -> None:
-        """Put one message of the kit's own in the output queue.
+    async def out_queue_refuses(self) -> bool:
+        """Publish a message of the kit's own to the output queue; whether it was refused.
 
         A quorum queue refuses publishes once it is over its length limit, not when it reaches
-        it: with this one in it, a ``max-length`` of 0 refuses the worker's first report too.
+        it: the first such message under a ``max-length`` of 0 is taken, the next refused.
         """
         if self._channel is None:
             raise RuntimeError("Wire.open() was not awaited")
         filler = aio_pika.Message(b'{"conformance_kit":"filler"}')
-        with contextlib.suppress(DeliveryError):  # a classic queue refuses it: as good
+        try:
             await self._channel.default_exchange.publish(filler, routing_key=self.out_queue)
+        except DeliveryError:
+            return True
+        return False
+
+    async def ready(self) -> int:
+        """The input queue's messages ready for delivery (AMQP ``queue.declare-ok``)."""
+        channel = await self.connection.channel()
+        try:
+            declared = await channel.declare_queue(self.in_queue, passive=True)
+            return int(declared.declaration_result.message_count or 0)
+        finally:
+            await channel.close()
 
     async def reopen_if_closed(self) -> None:
         """Open the publishing channel again after the broker closed it (a body it refused)."""
@@ -236,13 +248,17 @@ class Wire:
         return self.reports(task_id)
 
     async def wait_terminal(self, task_id: str, *, settle_s: float = 0.5) -> list[Seen]:
-        """The reports of ``task_id`` once a terminal one arrived, plus ``settle_s`` of quiet.
+        """The reports of ``task_id`` once ``settle_s`` passed after its first terminal one.
 
-        The quiet period shows what a worker sends after its terminal report.
+        The quiet period shows what a worker sends after its terminal report; it counts from
+        that report's arrival, so that waiting on several tasks in turn costs it about once.
         """
         reports = await self.wait_for(task_id, lambda seen: any(s.terminal for s in seen))
-        if any(seen.terminal for seen in reports):
-            await asyncio.sleep(settle_s)
+        last = next((seen for seen in reports if seen.terminal), None)
+        if last is not None:
+            left = last.at + settle_s - time.monotonic()
+            if left > 0:
+                await asyncio.sleep(left)
         return self.reports(task_id)
 
     async def _borrowing_queue(self) -> tuple[AbstractChannel, AbstractQueue]:
