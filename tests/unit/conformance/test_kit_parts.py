@@ -1,0 +1,230 @@
+"""The conformance kit's parts that need no broker: the encoding check, the verdicts' table and
+JUnit XML, the case selection, the operator tool's parsing, the envelopes at the limits."""
+
+from __future__ import annotations
+
+import json
+import stat
+import xml.etree.ElementTree as ET
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from async_task_api_worker.conformance.admin import Admin, AdminError
+from async_task_api_worker.conformance.battery import (
+    Battery,
+    Outcome,
+    Verdict,
+    junit_xml,
+    table,
+)
+from async_task_api_worker.conformance.case import Findings, Setup, envelope
+from async_task_api_worker.conformance.inbound_cases import _nested, _padded
+from async_task_api_worker.conformance.report_cases import _schema_validator, check_encoding
+from async_task_api_worker.conformance.wire import Seen
+from async_task_api_worker.protocol.encoding import nesting_depth, strict_loads
+from async_task_api_worker.protocol.reports import SuccessReport, encode_report
+
+SETUP = Setup(
+    service="conformance",
+    delivery_limit=5,
+    progress_interval_s=1.0,
+    max_message_bytes=4096,
+    run_id="r1",
+)
+
+
+def _seen(body: bytes, **properties: Any) -> Seen:
+    document = json.loads(body)
+    return Seen(body=body, document=document, properties=properties, at=0.0)
+
+
+def _success() -> tuple[bytes, dict[str, Any]]:
+    report = SuccessReport(
+        protocol_version=1,
+        type="success",
+        task_id="t-1",
+        client_id="c",
+        service="conformance",
+        attempt=2,
+        timestamp="2026-11-29T22:48:46.123456Z",
+        response={"b": 1.0, "a": [1, "é"]},
+    )
+    encoded = encode_report(report, seq=1)
+    props = encoded.properties
+    return encoded.body, {
+        "content_type": props.content_type,
+        "content_encoding": props.content_encoding,
+        "delivery_mode": props.delivery_mode,
+        "message_id": props.message_id,
+        "correlation_id": props.correlation_id,
+        "type": props.type,
+        "timestamp": props.timestamp_s,
+        "app_id": props.app_id,
+    }
+
+
+def test_a_report_as_this_sdk_encodes_it_passes_the_encoding_check() -> None:
+    body, properties = _success()
+    found = Findings()
+    position = check_encoding(found, _seen(body, **properties), "conformance", _schema_validator())
+    assert found.problems == []
+    assert position == (2, 1)
+
+
+def test_unsorted_keys_fail_the_encoding_check() -> None:
+    body, properties = _success()
+    document = json.loads(body)
+    unsorted = json.dumps(
+        dict(reversed(list(document.items()))), separators=(",", ":"), ensure_ascii=False
+    ).encode()
+    found = Findings()
+    check_encoding(found, _seen(unsorted, **properties), "conformance", None)
+    assert any("not the canonical encoding" in problem for problem in found.problems)
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("delivery_mode", 1),
+        ("content_type", "text/plain"),
+        ("app_id", "another"),
+        ("message_id", "t-1/1/1"),
+        ("timestamp", 0),
+    ],
+)
+def test_each_property_the_protocol_names_is_checked(name: str, value: object) -> None:
+    body, properties = _success()
+    properties[name] = value
+    found = Findings()
+    check_encoding(found, _seen(body, **properties), "conformance", None)
+    assert found.problems, name
+
+
+def test_a_body_that_is_not_json_is_a_problem_not_a_crash() -> None:
+    found = Findings()
+    seen = Seen(body=b"\xff", document=None, properties={"message_id": "x"}, at=0.0)
+    assert check_encoding(found, seen, "conformance", None) is None
+    assert found.problems == ["x: the body is not a JSON object"]
+
+
+def test_the_schema_check_names_a_missing_field() -> None:
+    validate = _schema_validator()
+    assert validate is not None
+    body, _ = _success()
+    document = json.loads(body)
+    del document["attempt"]
+    assert validate(document)
+
+
+def test_padded_envelopes_are_exactly_the_size_asked_for() -> None:
+    for size in (1024, 4096, 4097):
+        body = _padded(SETUP, "t-1", size)
+        assert len(body) == size
+        assert strict_loads(body.decode())["input"]["behaviour"] == "succeed"
+
+
+def test_nested_inputs_reach_the_depth_the_limits_case_means() -> None:
+    body = envelope(SETUP, "t-1", {"behaviour": "succeed", "deep": _nested(62)})
+    assert nesting_depth(strict_loads(body.decode())) == 64
+
+
+def test_unknown_cases_are_refused_with_the_list_of_cases() -> None:
+    battery = Battery(url="amqp://x/", in_queue="i", out_queue="o", setup=SETUP, only=("nope",))
+    with pytest.raises(ValueError, match="unknown case nope"):
+        battery.cases()
+    chosen = Battery(url="amqp://x/", in_queue="i", out_queue="o", setup=SETUP, only=("order",))
+    assert [case.name for case in chosen.cases()] == ["order"]
+
+
+VERDICTS = [
+    Verdict("round_trip", "a round trip", Outcome.PASS, ("t: started,success",), 0.5),
+    Verdict("order", "the order", Outcome.FAIL, ("t: ['progress'] after the terminal | x",), 1.0),
+    Verdict("acknowledgement", "the ack", Outcome.SKIP, ("needs rabbitmqctl",), 0.0),
+]
+
+
+def test_the_table_has_a_row_per_case_and_the_counts() -> None:
+    text = table(VERDICTS)
+    assert "| order | FAIL | 1.0 | t: ['progress'] after the terminal \\| x |" in text
+    assert text.endswith("1 passed, 1 failed, 1 skipped")
+
+
+def test_junit_xml_has_a_testcase_per_case_with_failures_and_skips() -> None:
+    root = ET.fromstring(junit_xml(VERDICTS))
+    assert root.tag == "testsuite"
+    assert (root.get("tests"), root.get("failures"), root.get("skipped")) == ("3", "1", "1")
+    cases = {case.get("name"): case for case in root.iter("testcase")}
+    assert cases["order"].find("failure") is not None
+    assert cases["acknowledgement"].find("skipped") is not None
+    assert cases["round_trip"].find("failure") is None
+
+
+def _fake_rabbitmqctl(tmp_path: Path, output: str, code: int = 0) -> str:
+    script = tmp_path / "rabbitmqctl"
+    script.write_text(
+        f"#!/bin/sh\necho \"$@\" >> {tmp_path / 'calls'}\nprintf '%s' '{output}'\nexit {code}\n"
+    )
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    return str(script)
+
+
+async def test_unacked_sums_the_vhosts_channels_only(tmp_path: Path) -> None:
+    listing = "v1\t2\nv2\t5\nv1\t1\n"
+    admin = Admin(_fake_rabbitmqctl(tmp_path, listing), "v1")
+    assert await admin.unacked() == 3
+
+
+async def test_the_hold_policy_is_scoped_to_the_vhost_and_the_one_queue(tmp_path: Path) -> None:
+    admin = Admin(_fake_rabbitmqctl(tmp_path, ""), "v1")
+    await admin.hold_full("svc_queue.out")
+    call = (tmp_path / "calls").read_text()
+    assert "set_policy -p v1" in call
+    assert r"^svc_queue\.out$" in call
+    assert '"overflow": "reject-publish"' in call
+
+
+async def test_a_failing_rabbitmqctl_is_an_admin_error_naming_its_last_line(
+    tmp_path: Path,
+) -> None:
+    admin = Admin(_fake_rabbitmqctl(tmp_path, "first\\nError: no such vhost", code=2), "v1")
+    with pytest.raises(AdminError, match="no such vhost"):
+        await admin.unacked()
+
+
+async def test_releasing_a_hold_that_is_not_there_is_fine(tmp_path: Path) -> None:
+    admin = Admin(_fake_rabbitmqctl(tmp_path, "Error: Parameter does not exist: not found", 2), "v")
+    await admin.release()
+
+
+def test_the_timestamp_property_check_uses_whole_seconds() -> None:
+    body, properties = _success()
+    moment = datetime(2026, 11, 29, 22, 48, 46, tzinfo=UTC)
+    assert properties["timestamp"] == int(moment.timestamp())
+
+
+def test_the_command_refuses_an_unknown_case_with_exit_2(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from async_task_api_worker.cli.main import main
+
+    assert main(["conformance", "--service", "svc", "--only", "speed"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1
+    assert "unknown case speed" in err[0]
+
+
+def test_the_command_says_in_one_line_that_the_broker_is_unreachable(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from async_task_api_worker.cli.main import main
+
+    code = main(
+        ["conformance", "--service", "svc", "--broker-url", "amqp://guest:guest@127.0.0.1:1/"]
+    )
+    assert code == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1
+    assert "cannot connect to the broker" in err[0]
