@@ -1,4 +1,7 @@
-r"""Write the protocol's golden vectors under ``tests/vectors/``.
+r"""Write the protocol's golden vectors and their manifest, the conformance kit's data.
+
+They are package data, under ``src/async_task_api_worker/conformance/vectors/`` (read through
+``async_task_api_worker.conformance.golden``; docs/conformance.md, "The golden vectors").
 
 Usage::
 
@@ -16,10 +19,14 @@ Two kinds (docs/protocol.md, "Golden vectors"):
   case needs a limit other than the default, ``worker_service`` when the worker's own name
   matters, and ``schema_valid``: whether the body, read as JSON, passes envelope.schema.json
   (``null`` when it is not JSON at all).
+- ``manifest.json``: every vector's kind, id, two files, description, the rule it pins (a
+  docs/protocol.md section title, from :class:`Section`, and a phrase) and what it expects in
+  brief; the shape is in ``conformance/golden.py``. It is written from the same case table.
 
-Every case states what it expects (the poison reason, the schema verdict); the generator stops
-if the code disagrees, so a regenerated vector never silently records a regression. The tests
-read the committed files and never call this script.
+Every case states what it expects (the poison reason, the schema verdict) and the rule it pins;
+the generator stops if the code disagrees, or if a section is not a title of docs/protocol.md,
+so a regenerated vector never silently records a regression. The tests read the committed files
+and never call this script.
 """
 
 from __future__ import annotations
@@ -29,15 +36,18 @@ import json
 import re
 import sys
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
 from jsonschema import Draft202012Validator
 from pydantic import TypeAdapter
 
+from async_task_api_worker.conformance.golden import FOLDERS, FORMAT_VERSION, MANIFEST_NAME
 from async_task_api_worker.errors import EnvelopeDecodeError
 from async_task_api_worker.protocol import (
     DEFAULT_MAX_BODY_BYTES,
+    RESERVED_ERROR_CODES,
     ErrorCode,
     PoisonReason,
     Report,
@@ -48,9 +58,32 @@ from async_task_api_worker.protocol.encoding import strict_loads
 from async_task_api_worker.protocol.schemas import load_schema
 
 ROOT = Path(__file__).resolve().parent.parent
-VECTOR_DIR = ROOT / "tests" / "vectors"
-REPORT_DIR = VECTOR_DIR / "reports"
-ENVELOPE_DIR = VECTOR_DIR / "envelopes"
+# The source tree, not vector_root(): an installed (non-editable) package is not written to.
+VECTOR_DIR = ROOT / "src" / "async_task_api_worker" / "conformance" / "vectors"
+REPORT_DIR = VECTOR_DIR / FOLDERS["report"]
+ENVELOPE_DIR = VECTOR_DIR / FOLDERS["envelope"]
+PROTOCOL_DOC = ROOT / "docs" / "protocol.md"
+
+
+class Section(StrEnum):
+    """The docs/protocol.md section titles a vector may pin (the manifest's ``sections``)."""
+
+    VERSIONING = "Versioning"
+    ENVELOPE = "The envelope"
+    DECODING = "Decoding and poison messages"
+    REPORTS = "Reports"
+    PROPERTIES = "AMQP properties"
+    ERROR_CODES = "Error codes"
+    ENCODING = "Canonical encoding"
+
+
+HOW_TO_USE = (
+    "Paths are relative to this file. For each report vector: build the report from the .json's "
+    "report, encode it with its seq, and compare with the .bin byte for byte and with the "
+    ".json's properties. For each envelope vector: decode the .bin (with max_body_bytes and as "
+    "the worker worker_service when the .json gives them) and compare with the .json's envelope, "
+    'or its poison, task_id and client_id. docs/conformance.md, "The golden vectors".'
+)
 
 _REPORT_ADAPTER: TypeAdapter[Any] = TypeAdapter(Report)
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
@@ -100,6 +133,8 @@ class ReportCase:
     description: str
     report: dict[str, Any]
     seq: int = 0
+    section: Section = field(kw_only=True)
+    rule: str = field(kw_only=True)
 
 
 # The messages below are those the engine publishes for each code (engine.py), where it has one.
@@ -129,38 +164,69 @@ _FAILURES: dict[ErrorCode, tuple[str, dict[str, Any]]] = {
     ErrorCode.WORKER_DIED: ("the detached worker left no result before its deadline", {}),
 }
 
+
+def _code_rule(code: ErrorCode) -> str:
+    """The rule a failure vector with one of the SDK's codes pins."""
+    if code in RESERVED_ERROR_CODES:
+        return f"{code.value}: reserved, sent by the SDK only"
+    return f"{code.value}: the SDK's code, which handlers may raise too"
+
+
 REPORT_CASES: list[ReportCase] = [
-    ReportCase("started", "a started report, first attempt", _report("started")),
+    ReportCase(
+        "started",
+        "a started report, first attempt",
+        _report("started"),
+        section=Section.REPORTS,
+        rule="started: every field present, keys in canonical order",
+    ),
     ReportCase(
         "started-epoch",
         "started at the Unix epoch: AMQP timestamp 0; attempt 3, seq 0 of that attempt",
         _report("started", attempt=3, timestamp="1970-01-01T00:00:00.000000Z"),
+        section=Section.PROPERTIES,
+        rule="AMQP timestamp in whole seconds since the epoch; seq counts from 0 per delivery",
     ),
     ReportCase(
         "progress-no-payload",
         "progress without payload: `payload` is still written, as null",
         _report("progress", fraction=0.25),
         seq=1,
+        section=Section.REPORTS,
+        rule="progress always carries payload, null when there is none",
     ),
     ReportCase(
         "progress-payload",
         "progress with a payload; keys are sorted inside the payload too",
         _report("progress", fraction=0.5, payload={"stage": "encode", "frames": 120, "eta_s": 4.5}),
         seq=2,
+        section=Section.ENCODING,
+        rule="keys sorted at every level, inside payload too",
     ),
     ReportCase(
         "progress-bounds",
         "fraction 0.0 (written 0.0, not 0) and the AMQP timestamp floored from .999999",
         _report("progress", fraction=0.0, timestamp="2026-11-29T22:48:46.999999Z"),
         seq=1,
+        section=Section.REPORTS,
+        rule="fraction written as a float (0.0, not 0); AMQP timestamp rounded down",
     ),
     ReportCase(
         "progress-almost-one",
         "the largest double below 1 as a fraction",
         _report("progress", fraction=0.9999999999999999, payload={}),
         seq=7,
+        section=Section.ENCODING,
+        rule="floats: the shortest digits that read back as the same double",
     ),
-    ReportCase("success-empty", "success with an empty response", _success({}), seq=1),
+    ReportCase(
+        "success-empty",
+        "success with an empty response",
+        _success({}),
+        seq=1,
+        section=Section.REPORTS,
+        rule="success with an empty response object",
+    ),
     ReportCase(
         "success-literals",
         "every JSON literal and empty containers",
@@ -168,6 +234,8 @@ REPORT_CASES: list[ReportCase] = [
             {"t": True, "f": False, "n": None, "s": "", "a": [], "o": {}, "z": 0, "m": [None, 1]}
         ),
         seq=1,
+        section=Section.ENCODING,
+        rule="literals true, false, null; empty array and object",
     ),
     ReportCase(
         "success-nested",
@@ -180,12 +248,16 @@ REPORT_CASES: list[ReportCase] = [
             }
         ),
         seq=1,
+        section=Section.ENCODING,
+        rule="keys sorted at every level, array order kept, no white space",
     ),
     ReportCase(
         "success-max-depth",
         "nesting at the limit: 64 levels counting the report object itself",
         _success({"deep": _nested(62)}),
         seq=1,
+        section=Section.ENCODING,
+        rule="nesting limit: 64 levels counting the report object",
     ),
     ReportCase(
         "success-unicode",
@@ -202,6 +274,8 @@ REPORT_CASES: list[ReportCase] = [
             }
         ),
         seq=1,
+        section=Section.ENCODING,
+        rule="characters written as themselves in UTF-8, never as \\u escapes",
     ),
     ReportCase(
         "success-emoji",
@@ -216,6 +290,8 @@ REPORT_CASES: list[ReportCase] = [
             }
         ),
         seq=1,
+        section=Section.ENCODING,
+        rule="astral characters as four UTF-8 bytes, never a pair of escapes",
     ),
     ReportCase(
         "success-escapes",
@@ -236,12 +312,16 @@ REPORT_CASES: list[ReportCase] = [
             }
         ),
         seq=1,
+        section=Section.ENCODING,
+        rule="only the mandatory escapes; '/', U+007F, C1, U+2028, U+FEFF as is",
     ),
     ReportCase(
         "success-lone-surrogates",
         "lone surrogates (in a value and in a key) are written as lower-case \\udxxx escapes",
         _success({"high": "a\ud800b", "low": "\udfff", "\udabc": "key", "both": "\udc00\ud800"}),
         seq=1,
+        section=Section.ENCODING,
+        rule="a lone surrogate written as a lower-case \\udxxx escape",
     ),
     ReportCase(
         "success-big-integers",
@@ -258,6 +338,8 @@ REPORT_CASES: list[ReportCase] = [
             }
         ),
         seq=1,
+        section=Section.ENCODING,
+        rule="integers in decimal, of any size up to 4,300 digits",
     ),
     ReportCase(
         "success-floats",
@@ -282,6 +364,8 @@ REPORT_CASES: list[ReportCase] = [
             }
         ),
         seq=1,
+        section=Section.ENCODING,
+        rule="floats: shortest digits, .0 kept, exponent below 1e-4 and from 1e16",
     ),
     ReportCase(
         "success-key-order",
@@ -303,12 +387,16 @@ REPORT_CASES: list[ReportCase] = [
             }
         ),
         seq=1,
+        section=Section.ENCODING,
+        rule="keys sorted by code point, not by UTF-16 code unit",
     ),
     ReportCase(
         "success-long-string",
         "a string of 100,000 characters (133,334 bytes in UTF-8)",
         _success({"text": ("ab€" * 33_334)[:100_000]}),
         seq=1,
+        section=Section.ENCODING,
+        rule="a long string written whole in UTF-8, no length limit",
     ),
     ReportCase(
         "success-ids",
@@ -321,6 +409,8 @@ REPORT_CASES: list[ReportCase] = [
             attempt=2,
         ),
         seq=4,
+        section=Section.REPORTS,
+        rule="ids and service at their patterns' limits, copied verbatim",
     ),
     *(
         ReportCase(
@@ -335,6 +425,8 @@ REPORT_CASES: list[ReportCase] = [
                 ErrorCode.POISON_MESSAGE,
             )
             else 1,
+            section=Section.ERROR_CODES,
+            rule=_code_rule(code),
         )
         for code, (message, extra) in _FAILURES.items()
     ),
@@ -343,6 +435,8 @@ REPORT_CASES: list[ReportCase] = [
         "a failure with a handler's own code (FatalError)",
         _failure("PAYMENT_DECLINED", "the card was declined", attempt=1),
         seq=3,
+        section=Section.ERROR_CODES,
+        rule="a handler's own code: codes are an open set",
     ),
     ReportCase(
         "failure-poison-no-client-id",
@@ -352,18 +446,24 @@ REPORT_CASES: list[ReportCase] = [
             "the message was refused: invalid_envelope: invalid envelope: client_id: string_type",
             client_id=None,
         ),
+        section=Section.DECODING,
+        rule="task id recovered, client id not: client_id null",
     ),
     ReportCase(
         "failure-message-lone-surrogate",
         "a message holding a lone surrogate (a file name read with surrogateescape)",
         _failure("FILE_UNREADABLE", "cannot read report-\udcff.csv"),
         seq=1,
+        section=Section.ENCODING,
+        rule="a lone surrogate in error.message escaped as \\udxxx",
     ),
     ReportCase(
         "failure-long-message",
         "a message of exactly 1,024 characters (the limit), with non-ASCII characters",
         _failure("QUOTA_EXCEEDED", ("quota dépassée — " * 61)[:1024]),
         seq=1,
+        section=Section.ERROR_CODES,
+        rule="error.message at its limit of 1,024 characters",
     ),
 ]
 
@@ -404,6 +504,8 @@ class EnvelopeCase:
     max_body_bytes: int | None = None
     worker_service: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    section: Section = field(kw_only=True)
+    rule: str = field(kw_only=True)
 
 
 _MINIMAL = _body()
@@ -411,7 +513,13 @@ _DIGITS_4300 = "9" * 4300
 _DIGITS_5000 = "1" * 5000
 
 ENVELOPE_CASES: list[EnvelopeCase] = [
-    EnvelopeCase("minimal", "the smallest valid envelope", _MINIMAL),
+    EnvelopeCase(
+        "minimal",
+        "the smallest valid envelope",
+        _MINIMAL,
+        section=Section.ENVELOPE,
+        rule="the required fields only; the optional ones take their defaults",
+    ),
     EnvelopeCase(
         "input-refs",
         "input_refs: one with every field, one with only name and uri",
@@ -428,14 +536,22 @@ ENVELOPE_CASES: list[EnvelopeCase] = [
                 {"name": "subtitles", "uri": "https://files.example/s.srt"},
             ],
         ),
+        section=Section.ENVELOPE,
+        rule="input references: every field, and name and uri only",
     ),
     EnvelopeCase(
-        "created-at-z", "created_at in UTC with Z", _body(created_at="2026-11-29T22:48:46Z")
+        "created-at-z",
+        "created_at in UTC with Z",
+        _body(created_at="2026-11-29T22:48:46Z"),
+        section=Section.ENVELOPE,
+        rule="created_at in UTC with Z",
     ),
     EnvelopeCase(
         "created-at-offset-fraction",
         "created_at with +00:00 and nanoseconds: read to the microsecond (truncated)",
         _body(created_at="2026-11-29T22:48:46.123456789+00:00"),
+        section=Section.ENVELOPE,
+        rule="created_at +00:00 accepted; fraction cut to microseconds",
     ),
     EnvelopeCase(
         "unknown-fields",
@@ -445,6 +561,8 @@ ENVELOPE_CASES: list[EnvelopeCase] = [
             trace={"id": "abc", "sampled": True},
             input_refs=[{"name": "doc", "uri": "file:///d.pdf", "etag": "W/1"}],
         ),
+        section=Section.ENVELOPE,
+        rule="unknown fields ignored, at the top and in input references",
     ),
     EnvelopeCase(
         "input-unicode-escapes",
@@ -453,18 +571,24 @@ ENVELOPE_CASES: list[EnvelopeCase] = [
         b'"input":{"raw":"\xc3\xa9\xe4\xbb\xbb\xd8\xb9\xf0\x9f\x98\x80",'
         b'"escaped":"\\u00e9\\u4efb\\u0639\\ud83d\\ude00","lone":"\\udc00",'
         b'"controls":"\\u0000\\b\\t\\/","\\u00e9t\\u00e9":1}}',
+        section=Section.ENVELOPE,
+        rule="input strings: UTF-8, \\u escapes; a lone surrogate accepted",
     ),
     EnvelopeCase(
         "duplicate-keys",
         "a duplicate key keeps its last value, at the top and in input",
         b'{"protocol_version":1,"task_id":"t-first","client_id":"client-a","service":"resize",'
         b'"input":{"k":1,"k":2},"task_id":"t-last"}',
+        section=Section.ENVELOPE,
+        rule="a duplicate key keeps its last value, at every level",
     ),
     EnvelopeCase(
         "whitespace",
         "insignificant white space (space, tab, CR, LF) anywhere between tokens",
         b' \r\n{\n\t"protocol_version" : 1 ,\r\n\t"task_id":"t-0001",\n\t"client_id":\t'
         b'"client-a",\n\t"service":"resize",\n\t"input":{ "a" : [ 1 , 2 ] }\n}\n ',
+        section=Section.ENVELOPE,
+        rule="white space between tokens does not matter",
     ),
     EnvelopeCase(
         "numbers",
@@ -474,8 +598,16 @@ ENVELOPE_CASES: list[EnvelopeCase] = [
         b'"neg":-1606938044258990275541962092341162602522202993782792835301376,'
         b'"max_digits":' + _DIGITS_4300.encode() + b","
         b'"f":[0.1,1e-05,1E+16,-0.0,5e-324,1.7976931348623157e308,1e-400,2.5e3,-0]}}',
+        section=Section.DECODING,
+        rule="integers up to 4,300 digits accepted; an underflow reads as 0.0",
     ),
-    EnvelopeCase("depth-64", "nesting of exactly 64 levels is accepted", _deep_body(64)),
+    EnvelopeCase(
+        "depth-64",
+        "nesting of exactly 64 levels is accepted",
+        _deep_body(64),
+        section=Section.DECODING,
+        rule="check 5: 64 levels of nesting accepted",
+    ),
     EnvelopeCase(
         "id-limits",
         "a 128-character task id, an id with ._:@-, and a 64-character service",
@@ -485,12 +617,16 @@ ENVELOPE_CASES: list[EnvelopeCase] = [
             service="S" + "s" * 62 + "9",
         ),
         worker_service="S" + "s" * 62 + "9",
+        section=Section.ENVELOPE,
+        rule="ids and service at their patterns' limits",
     ),
     EnvelopeCase(
         "size-at-limit",
         "a body exactly as large as max_body_bytes is accepted",
         _MINIMAL,
         max_body_bytes=len(_MINIMAL),
+        section=Section.DECODING,
+        rule="check 1: a body exactly max_body_bytes long is accepted",
     ),
     # ---- poison bodies
     EnvelopeCase(
@@ -499,6 +635,8 @@ ENVELOPE_CASES: list[EnvelopeCase] = [
         _MINIMAL,
         poison=PoisonReason.TOO_LARGE,
         max_body_bytes=len(_MINIMAL) - 1,
+        section=Section.DECODING,
+        rule="check 1: a body over max_body_bytes, refused before parsing",
     ),
     EnvelopeCase(
         "invalid-utf8",
@@ -506,6 +644,8 @@ ENVELOPE_CASES: list[EnvelopeCase] = [
         _body(input={"name": "PLACEHOLDER"}).replace(b"PLACEHOLDER", b"\xc3\x28"),
         poison=PoisonReason.INVALID_UTF8,
         schema_valid=None,
+        section=Section.DECODING,
+        rule="check 2: bytes that are not UTF-8",
     ),
     EnvelopeCase(
         "invalid-utf8-surrogate",
@@ -513,6 +653,8 @@ ENVELOPE_CASES: list[EnvelopeCase] = [
         _body(input={"name": "PLACEHOLDER"}).replace(b"PLACEHOLDER", b"\xed\xa0\x80"),
         poison=PoisonReason.INVALID_UTF8,
         schema_valid=None,
+        section=Section.DECODING,
+        rule="check 2: an encoded surrogate (CESU-8) is not UTF-8",
     ),
     EnvelopeCase(
         "bom",
@@ -520,6 +662,8 @@ ENVELOPE_CASES: list[EnvelopeCase] = [
         b"\xef\xbb\xbf" + _MINIMAL,
         poison=PoisonReason.INVALID_JSON,
         schema_valid=None,
+        section=Section.DECODING,
+        rule="check 3: a byte-order mark makes invalid JSON",
     ),
     EnvelopeCase(
         "truncated",
@@ -527,6 +671,8 @@ ENVELOPE_CASES: list[EnvelopeCase] = [
         b'{"a":',
         poison=PoisonReason.INVALID_JSON,
         schema_valid=None,
+        section=Section.DECODING,
+        rule="check 3: truncated JSON",
     ),
     EnvelopeCase(
         "trailing-comma",
@@ -534,6 +680,8 @@ ENVELOPE_CASES: list[EnvelopeCase] = [
         _MINIMAL[:-1] + b",}",
         poison=PoisonReason.INVALID_JSON,
         schema_valid=None,
+        section=Section.DECODING,
+        rule="check 3: a trailing comma",
     ),
     EnvelopeCase(
         "nan",
@@ -541,6 +689,8 @@ ENVELOPE_CASES: list[EnvelopeCase] = [
         _body(input={"x": "PLACEHOLDER"}).replace(b'"PLACEHOLDER"', b"NaN"),
         poison=PoisonReason.INVALID_JSON,
         schema_valid=None,
+        section=Section.DECODING,
+        rule="check 3: NaN refused; nothing recovered before check 5",
     ),
     EnvelopeCase(
         "infinity",
@@ -548,6 +698,8 @@ ENVELOPE_CASES: list[EnvelopeCase] = [
         _body(input={"x": "PLACEHOLDER"}).replace(b'"PLACEHOLDER"', b"-Infinity"),
         poison=PoisonReason.INVALID_JSON,
         schema_valid=None,
+        section=Section.DECODING,
+        rule="check 3: -Infinity refused",
     ),
     EnvelopeCase(
         "float-overflow",
@@ -555,6 +707,8 @@ ENVELOPE_CASES: list[EnvelopeCase] = [
         _body(input={"x": "PLACEHOLDER"}).replace(b'"PLACEHOLDER"', b"1e400"),
         poison=PoisonReason.INVALID_JSON,
         schema_valid=None,
+        section=Section.DECODING,
+        rule="check 3: a number too large for a double",
     ),
     EnvelopeCase(
         "integer-5000-digits",
@@ -562,6 +716,8 @@ ENVELOPE_CASES: list[EnvelopeCase] = [
         _body(input={"x": "PLACEHOLDER"}).replace(b'"PLACEHOLDER"', _DIGITS_5000.encode()),
         poison=PoisonReason.INVALID_JSON,
         schema_valid=None,
+        section=Section.DECODING,
+        rule="check 3: an integer of more than 4,300 digits",
     ),
     EnvelopeCase(
         "raw-control-character",
@@ -569,6 +725,8 @@ ENVELOPE_CASES: list[EnvelopeCase] = [
         _body(input={"x": "PLACEHOLDER"}).replace(b"PLACEHOLDER", b"a\x01b"),
         poison=PoisonReason.INVALID_JSON,
         schema_valid=None,
+        section=Section.DECODING,
+        rule="check 3: a raw control character inside a string",
     ),
     EnvelopeCase(
         "array",
@@ -576,6 +734,8 @@ ENVELOPE_CASES: list[EnvelopeCase] = [
         b"[" + _MINIMAL + b"]",
         poison=PoisonReason.NOT_AN_OBJECT,
         schema_valid=False,
+        section=Section.DECODING,
+        rule="check 4: the value must be an object",
     ),
     EnvelopeCase(
         "string",
@@ -583,12 +743,16 @@ ENVELOPE_CASES: list[EnvelopeCase] = [
         b'"t-0001"',
         poison=PoisonReason.NOT_AN_OBJECT,
         schema_valid=False,
+        section=Section.DECODING,
+        rule="check 4: a JSON string is not an object",
     ),
     EnvelopeCase(
         "depth-65",
         "65 levels: too deep, but parsed, so the ids are recovered",
         _deep_body(65),
         poison=PoisonReason.TOO_DEEP,
+        section=Section.DECODING,
+        rule="check 5: 65 levels is too deep; the ids are recovered",
     ),
     EnvelopeCase(
         "depth-10000",
@@ -596,6 +760,8 @@ ENVELOPE_CASES: list[EnvelopeCase] = [
         _deep_body(10_000),
         poison=PoisonReason.TOO_DEEP,
         schema_valid=None,
+        section=Section.DECODING,
+        rule="check 5: too deep to parse, no ids (the one place implementations differ)",
     ),
     EnvelopeCase(
         "missing-input",
@@ -603,6 +769,8 @@ ENVELOPE_CASES: list[EnvelopeCase] = [
         b'{"protocol_version":1,"task_id":"t-0001","client_id":"client-a","service":"resize"}',
         poison=PoisonReason.INVALID_ENVELOPE,
         schema_valid=False,
+        section=Section.DECODING,
+        rule="check 7: a required field missing; the ids are recovered",
     ),
     EnvelopeCase(
         "bad-task-id",
@@ -610,6 +778,8 @@ ENVELOPE_CASES: list[EnvelopeCase] = [
         _body(task_id="t 0001"),
         poison=PoisonReason.INVALID_ENVELOPE,
         schema_valid=False,
+        section=Section.DECODING,
+        rule="recovering the ids: an invalid task id is lost, the client id kept",
     ),
     EnvelopeCase(
         "input-not-object",
@@ -617,18 +787,24 @@ ENVELOPE_CASES: list[EnvelopeCase] = [
         _body(input=[1, 2]),
         poison=PoisonReason.INVALID_ENVELOPE,
         schema_valid=False,
+        section=Section.ENVELOPE,
+        rule="input must be a JSON object",
     ),
     EnvelopeCase(
         "created-at-not-utc",
         "created_at with a +01:00 offset (the schema's date-time format does not catch it)",
         _body(created_at="2026-11-29T23:48:46+01:00"),
         poison=PoisonReason.INVALID_ENVELOPE,
+        section=Section.ENVELOPE,
+        rule="created_at must be UTC: another offset is refused",
     ),
     EnvelopeCase(
         "created-at-no-offset",
         "created_at without an offset (format only, the schema does not catch it)",
         _body(created_at="2026-11-29T22:48:46"),
         poison=PoisonReason.INVALID_ENVELOPE,
+        section=Section.ENVELOPE,
+        rule="created_at needs Z or an offset",
     ),
     EnvelopeCase(
         "created-at-number",
@@ -636,6 +812,8 @@ ENVELOPE_CASES: list[EnvelopeCase] = [
         _body(created_at=1_795_992_526),
         poison=PoisonReason.INVALID_ENVELOPE,
         schema_valid=False,
+        section=Section.ENVELOPE,
+        rule="created_at is a string, never a number",
     ),
     EnvelopeCase(
         "version-true",
@@ -643,6 +821,8 @@ ENVELOPE_CASES: list[EnvelopeCase] = [
         _body(protocol_version=True),
         poison=PoisonReason.INVALID_ENVELOPE,
         schema_valid=False,
+        section=Section.ENVELOPE,
+        rule="protocol_version is exactly the integer 1: true is refused",
     ),
     EnvelopeCase(
         "version-string",
@@ -650,12 +830,16 @@ ENVELOPE_CASES: list[EnvelopeCase] = [
         _body(protocol_version="1"),
         poison=PoisonReason.INVALID_ENVELOPE,
         schema_valid=False,
+        section=Section.ENVELOPE,
+        rule='protocol_version is exactly the integer 1: "1" is refused',
     ),
     EnvelopeCase(
         "version-float",
         "protocol_version 1.0 (JSON Schema counts it an integer; the decoder does not)",
         _body(protocol_version=1.0),
         poison=PoisonReason.INVALID_ENVELOPE,
+        section=Section.ENVELOPE,
+        rule="protocol_version is exactly the integer 1: 1.0 is refused",
     ),
     EnvelopeCase(
         "unsupported-version",
@@ -663,6 +847,8 @@ ENVELOPE_CASES: list[EnvelopeCase] = [
         _body(protocol_version=2, input={"width": 640, "new_field": True}),
         poison=PoisonReason.UNSUPPORTED_VERSION,
         schema_valid=False,
+        section=Section.VERSIONING,
+        rule="another integer protocol_version is unsupported_version",
     ),
     EnvelopeCase(
         "unsupported-version-partial",
@@ -670,6 +856,8 @@ ENVELOPE_CASES: list[EnvelopeCase] = [
         b'{"protocol_version":2,"task_id":"t-0001"}',
         poison=PoisonReason.UNSUPPORTED_VERSION,
         schema_valid=False,
+        section=Section.DECODING,
+        rule="check 6 before check 7: unsupported_version, task id recovered",
     ),
     EnvelopeCase(
         "wrong-service",
@@ -677,6 +865,8 @@ ENVELOPE_CASES: list[EnvelopeCase] = [
         _body(service="thumbnail"),
         poison=PoisonReason.WRONG_SERVICE,
         worker_service="resize",
+        section=Section.DECODING,
+        rule="check 8: service must be the consuming worker's name",
     ),
 ]
 
@@ -691,7 +881,24 @@ def dump_json(document: Any) -> bytes:
     return text.encode("utf-8")
 
 
-def _report_files(number: int, case: ReportCase) -> dict[str, bytes]:
+def _entry(kind: str, number: int, case: ReportCase | EnvelopeCase, expect: str) -> dict[str, Any]:
+    """A vector's manifest entry (the shape in ``conformance/golden.py``)."""
+    if not case.rule.strip():
+        raise SystemExit(f"{case.slug}: no rule")
+    vector_id = f"{number:03d}-{case.slug}"
+    stem = f"{FOLDERS[kind]}/{vector_id}"
+    return {
+        "kind": kind,
+        "id": vector_id,
+        "json": f"{stem}.json",
+        "bin": f"{stem}.bin",
+        "description": case.description,
+        "rule": {"section": case.section.value, "text": case.rule},
+        "expect": expect,
+    }
+
+
+def _report_files(number: int, case: ReportCase) -> tuple[dict[str, bytes], dict[str, Any]]:
     report = _REPORT_ADAPTER.validate_python(case.report)
     encoded = encode_report(report, seq=case.seq)
     properties = encoded.properties
@@ -710,8 +917,9 @@ def _report_files(number: int, case: ReportCase) -> dict[str, bytes]:
             "app_id": properties.app_id,
         },
     }
-    stem = f"reports/{number:03d}-{case.slug}"
-    return {f"{stem}.json": dump_json(document), f"{stem}.bin": encoded.body}
+    entry = _entry("report", number, case, f"{report.type} report bytes")
+    files = {entry["json"]: dump_json(document), entry["bin"]: encoded.body}
+    return files, entry
 
 
 def _schema_verdict(body: bytes) -> bool | None:
@@ -723,7 +931,7 @@ def _schema_verdict(body: bytes) -> bool | None:
     return bool(Draft202012Validator(load_schema("envelope")).is_valid(document))
 
 
-def _envelope_files(number: int, case: EnvelopeCase) -> dict[str, bytes]:
+def _envelope_files(number: int, case: EnvelopeCase) -> tuple[dict[str, bytes], dict[str, Any]]:
     limit = case.max_body_bytes or DEFAULT_MAX_BODY_BYTES
     document: dict[str, Any] = {"description": case.description}
     if case.max_body_bytes is not None:
@@ -747,38 +955,83 @@ def _envelope_files(number: int, case: EnvelopeCase) -> dict[str, bytes]:
         if exc.reason != case.poison:
             raise SystemExit(f"{case.slug}: poison {exc.reason}, expected {case.poison}") from None
         document.update(poison=exc.reason, task_id=exc.task_id, client_id=exc.client_id)
+        recovered = "task id recovered" if exc.task_id is not None else "no task id"
+        expect = f"poison {exc.reason.value}, {recovered}"
     else:
         if case.poison is not None:
             raise SystemExit(f"{case.slug}: decoded, expected poison {case.poison}")
         document["envelope"] = envelope.model_dump(mode="json")
-    stem = f"envelopes/{number:03d}-{case.slug}"
-    return {f"{stem}.json": dump_json(document), f"{stem}.bin": case.body}
+        expect = "decodes to the recorded envelope"
+    entry = _entry("envelope", number, case, expect)
+    return {entry["json"]: dump_json(document), entry["bin"]: case.body}, entry
+
+
+def _sections_are_titles() -> None:
+    """Stop unless every :class:`Section` is a title of docs/protocol.md (tests never read it)."""
+    titles = {
+        line.lstrip("#").strip()
+        for line in PROTOCOL_DOC.read_text(encoding="utf-8").splitlines()
+        if line.startswith("#")
+    }
+    missing = [section.value for section in Section if section.value not in titles]
+    if missing:
+        raise SystemExit(f"not a section title of docs/protocol.md: {', '.join(missing)}")
+
+
+def dump_manifest(entries: list[dict[str, Any]]) -> bytes:
+    """Return ``manifest.json``: sorted keys, 2-space indent, UTF-8, a final newline."""
+    used = {entry["rule"]["section"] for entry in entries}
+    unused = [section.value for section in Section if section.value not in used]
+    if unused:
+        raise SystemExit(f"no vector pins the section(s) {', '.join(unused)}")
+    document = {
+        "format_version": FORMAT_VERSION,
+        "how_to_use": HOW_TO_USE,
+        "sections": [section.value for section in Section],
+        "vectors": sorted(entries, key=lambda entry: str(entry["json"])),
+    }
+    return (json.dumps(document, indent=2, sort_keys=True, ensure_ascii=False) + "\n").encode()
 
 
 def generated_files() -> dict[str, bytes]:
-    """Return every vector file's path (relative to ``tests/vectors``) and expected bytes."""
+    """Return every file's path (relative to ``VECTOR_DIR``) and expected bytes, manifest too."""
+    _sections_are_titles()
     files: dict[str, bytes] = {}
+    entries: list[dict[str, Any]] = []
     for number, report_case in enumerate(REPORT_CASES, start=1):
-        files.update(_report_files(number, report_case))
+        report_files, entry = _report_files(number, report_case)
+        files.update(report_files)
+        entries.append(entry)
     for number, envelope_case in enumerate(ENVELOPE_CASES, start=1):
-        files.update(_envelope_files(number, envelope_case))
+        envelope_files, entry = _envelope_files(number, envelope_case)
+        files.update(envelope_files)
+        entries.append(entry)
+    files[MANIFEST_NAME] = dump_manifest(entries)
     return files
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Write the vectors, or with ``--check`` compare them; return the exit status."""
+    """Write the vectors and the manifest, or with ``--check`` compare them; return the status."""
     parser = argparse.ArgumentParser(description="Write the protocol's golden vectors.")
     parser.add_argument(
-        "--check", action="store_true", help="exit 1 if a committed vector differs, write nothing"
+        "--check",
+        action="store_true",
+        help="exit 1 if a committed vector or the manifest differs, write nothing",
     )
     args = parser.parse_args(argv)
     expected = generated_files()
+    # The files this script owns: the two folders' vectors and any JSON file at the top (a
+    # stale manifest of another name, say); anything else there is left alone.
     present = {
         path.relative_to(VECTOR_DIR).as_posix()
-        for folder in (REPORT_DIR, ENVELOPE_DIR)
+        for folder, suffixes in (
+            (REPORT_DIR, (".json", ".bin")),
+            (ENVELOPE_DIR, (".json", ".bin")),
+            (VECTOR_DIR, (".json",)),
+        )
         if folder.is_dir()
         for path in folder.iterdir()
-        if path.suffix in (".json", ".bin")
+        if path.is_file() and path.suffix in suffixes
     }
     stale = sorted(
         name
@@ -786,22 +1039,23 @@ def main(argv: list[str] | None = None) -> int:
         if not (VECTOR_DIR / name).exists() or (VECTOR_DIR / name).read_bytes() != content
     )
     extra = sorted(present - expected.keys())
+    shown = VECTOR_DIR.relative_to(ROOT).as_posix()
     if args.check:
         if stale or extra:
             for name in stale:
-                print(f"out of date: tests/vectors/{name}", file=sys.stderr)
+                print(f"out of date: {shown}/{name}", file=sys.stderr)
             for name in extra:
-                print(f"not generated: tests/vectors/{name}", file=sys.stderr)
+                print(f"not generated: {shown}/{name}", file=sys.stderr)
             return 1
         return 0
     for name in stale:
         path = VECTOR_DIR / name
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(expected[name])
-        print(f"wrote tests/vectors/{name}")
+        print(f"wrote {shown}/{name}")
     for name in extra:
         (VECTOR_DIR / name).unlink()
-        print(f"removed tests/vectors/{name}")
+        print(f"removed {shown}/{name}")
     return 0
 
 

@@ -73,6 +73,19 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("target", help="my_module:worker")
     _add_setting_flags(check, "check")
 
+    vectors = commands.add_parser(
+        "vectors",
+        help="copy the protocol's golden vectors and their manifest.json into DIR, for another "
+        "language's tests (docs/conformance.md)",
+    )
+    vectors.add_argument("dir", metavar="DIR", help="the folder to write (created if missing)")
+    vectors.add_argument(
+        "--force",
+        action="store_true",
+        help="write into DIR even if it is not empty (files of the same names are overwritten, "
+        "nothing is deleted)",
+    )
+
     dev = commands.add_parser(
         "dev",
         help="run a worker on the embedded in-memory broker, task inputs as JSON lines",
@@ -171,6 +184,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from async_task_api_worker.cli.commands.check import check_command
 
             return check_command(arguments.target, flags=flags)
+        if arguments.command == "vectors":
+            from async_task_api_worker.cli.commands.vectors import vectors_command
+
+            return vectors_command(arguments.dir, force=arguments.force)
         if arguments.command == "tick":
             from async_task_api_worker.cli.commands.tick import tick_command
 

@@ -1,7 +1,8 @@
 """The AsyncTaskAPI wire protocol: envelope decoder, report models, canonical encoder, codes.
 
 docs/protocol.md is the normative text; the JSON Schemas under ``protocol/schemas/`` and the
-golden vectors under ``tests/vectors/`` are generated from and checked against this package.
+golden vectors under ``conformance/vectors/`` are generated from and checked against this
+package.
 """
 
 from async_task_api_worker.protocol.codes import (

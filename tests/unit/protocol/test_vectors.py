@@ -1,7 +1,8 @@
-"""The golden vectors under tests/vectors/ (docs/protocol.md, "Golden vectors").
+"""The golden vectors, the conformance kit's package data (docs/protocol.md, "Golden vectors").
 
-The vectors are committed files: these tests read them and never regenerate them, so a change
-in the encoder or the decoder that alters a single byte fails here.
+The vectors are committed files: these tests read them (through ``conformance.golden``, as any
+installed copy would be read) and never regenerate them, so a change in the encoder or the
+decoder that alters a single byte fails here. Their manifest: test_vector_kit.py.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import pytest
 from jsonschema import Draft202012Validator
 from pydantic import TypeAdapter
 
+from async_task_api_worker.conformance.golden import vector_root
 from async_task_api_worker.errors import EnvelopeDecodeError
 from async_task_api_worker.protocol import (
     DEFAULT_MAX_BODY_BYTES,
@@ -28,7 +30,8 @@ from async_task_api_worker.protocol import (
 from async_task_api_worker.protocol.encoding import strict_loads
 from async_task_api_worker.protocol.schemas import load_schema
 
-VECTORS = Path(__file__).resolve().parents[2] / "vectors"
+VECTORS = vector_root()
+PROTOCOL_DOC = Path(__file__).resolve().parents[3] / "docs" / "protocol.md"
 REPORTS = sorted((VECTORS / "reports").glob("*.json"))
 ENVELOPES = sorted((VECTORS / "envelopes").glob("*.json"))
 
@@ -201,7 +204,7 @@ def test_envelope_vector_has_its_recorded_schema_verdict(path: Path) -> None:
 
 
 def test_the_report_examples_in_the_spec_are_vector_bytes() -> None:
-    spec = (VECTORS.parents[1] / "docs" / "protocol.md").read_text(encoding="utf-8")
+    spec = PROTOCOL_DOC.read_text(encoding="utf-8")
     examples = [
         line.strip().encode() for line in spec.splitlines() if line.strip().startswith('{"attempt"')
     ]

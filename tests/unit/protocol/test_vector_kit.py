@@ -1,0 +1,217 @@
+"""The golden vectors as a kit: the manifest, the accessor, the export (conformance.golden)."""
+
+from __future__ import annotations
+
+import json
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from async_task_api_worker.conformance import golden
+from async_task_api_worker.conformance.golden import (
+    FORMAT_VERSION,
+    MANIFEST_NAME,
+    export_vectors,
+    load_manifest,
+    vector_root,
+)
+
+ROOT = vector_root()
+MANIFEST = load_manifest()
+
+
+def _files_on_disk() -> set[str]:
+    return {
+        path.relative_to(ROOT).as_posix()
+        for path in ROOT.rglob("*")
+        if path.is_file() and path.name != MANIFEST_NAME
+    }
+
+
+def _files_named() -> set[str]:
+    return {name for entry in MANIFEST.vectors for name in (entry.json, entry.bin)}
+
+
+# ------------------------------------------------------------------------------- the manifest
+
+
+def test_every_vector_file_is_in_the_manifest() -> None:
+    unlisted = _files_on_disk() - _files_named()
+    assert unlisted == set(), "vector files the manifest does not list"
+
+
+def test_every_file_the_manifest_names_exists() -> None:
+    missing = {name for name in _files_named() if not (ROOT / name).is_file()}
+    assert missing == set(), "manifest entries without their file"
+
+
+def test_the_tree_holds_the_manifest_and_the_two_folders_only() -> None:
+    assert {path.name for path in ROOT.iterdir()} == {MANIFEST_NAME, "envelopes", "reports"}
+
+
+def test_the_manifest_has_its_format_and_how_to_use() -> None:
+    assert MANIFEST.format_version == FORMAT_VERSION
+    assert "docs/conformance.md" in MANIFEST.how_to_use
+    assert len(MANIFEST.vectors) == len(_files_on_disk()) // 2
+
+
+def test_every_entry_has_a_unique_id_and_the_description_of_its_json() -> None:
+    ids = [(entry.kind, entry.id) for entry in MANIFEST.vectors]
+    assert len(set(ids)) == len(ids)
+    for entry in MANIFEST.vectors:
+        vector = json.loads((ROOT / entry.json).read_text(encoding="utf-8"))
+        assert entry.description == vector["description"], entry.id
+
+
+def test_every_rule_names_one_of_the_manifest_sections_and_says_something() -> None:
+    sections = MANIFEST.sections
+    assert sections, "no sections"
+    assert len(set(sections)) == len(sections)
+    assert all(section.strip() for section in sections)
+    for entry in MANIFEST.vectors:
+        assert entry.rule.section in sections, entry.id
+        assert entry.rule.text.strip(), entry.id
+        assert entry.expect.strip(), entry.id
+    # Each listed section is pinned by a vector: the list cannot rot.
+    assert {entry.rule.section for entry in MANIFEST.vectors} == set(sections)
+
+
+def test_every_expectation_agrees_with_its_json() -> None:
+    for entry in MANIFEST.vectors:
+        vector = json.loads((ROOT / entry.json).read_text(encoding="utf-8"))
+        if entry.kind == "report":
+            assert entry.expect == f"{vector['report']['type']} report bytes", entry.id
+        elif "poison" in vector:
+            assert entry.expect.startswith(f"poison {vector['poison']}, "), entry.id
+            assert ("no task id" in entry.expect) is (vector["task_id"] is None), entry.id
+        else:
+            assert entry.expect == "decodes to the recorded envelope", entry.id
+
+
+def test_the_manifest_json_is_stable() -> None:
+    text = (ROOT / MANIFEST_NAME).read_text(encoding="utf-8")
+    document = json.loads(text)
+    assert text == json.dumps(document, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+
+
+# ------------------------------------------------------------------------------- the accessor
+
+
+def _fake_tree(monkeypatch: pytest.MonkeyPatch, tree: object) -> None:
+    monkeypatch.setattr(golden, "_tree", lambda: tree)
+
+
+def _manifest_document() -> dict[str, object]:
+    document: dict[str, object] = json.loads((ROOT / MANIFEST_NAME).read_bytes())
+    return document
+
+
+def test_load_manifest_refuses_another_format_version(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    document = _manifest_document()
+    document["format_version"] = FORMAT_VERSION + 1
+    (tmp_path / MANIFEST_NAME).write_text(json.dumps(document))
+    _fake_tree(monkeypatch, tmp_path)
+    with pytest.raises(ValueError, match="format_version 2"):
+        load_manifest()
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"json": "../../etc/passwd.json"},
+        {"bin": "reports/001-minimal.bin"},
+        {"id": "../001-minimal", "json": "envelopes/../001-minimal.json"},
+        {"id": "001-Minimal", "json": "envelopes/001-Minimal.json"},
+    ],
+    ids=["json-outside", "bin-in-other-kind", "id-with-dots", "id-upper-case"],
+)
+def test_load_manifest_refuses_a_bad_id_or_file(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, change: dict[str, str]
+) -> None:
+    document = _manifest_document()
+    vectors = document["vectors"]
+    assert isinstance(vectors, list)
+    vectors[0].update(change)
+    (tmp_path / MANIFEST_NAME).write_text(json.dumps(document))
+    _fake_tree(monkeypatch, tmp_path)
+    with pytest.raises(ValueError, match="001-"):
+        load_manifest()
+
+
+def test_load_manifest_refuses_a_manifest_of_another_shape(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    (tmp_path / MANIFEST_NAME).write_text('{"format_version": 1, "vectors": [{"kind": "x"}]}')
+    _fake_tree(monkeypatch, tmp_path)
+    with pytest.raises(ValueError, match="how_to_use"):
+        load_manifest()
+
+
+def test_vector_root_needs_the_package_on_the_file_system(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    archive = tmp_path / "package.zip"
+    with zipfile.ZipFile(archive, "w") as zipped:
+        zipped.writestr("vectors/manifest.json", "{}")
+    _fake_tree(monkeypatch, zipfile.Path(archive, "vectors/"))
+    with pytest.raises(RuntimeError, match="export_vectors"):
+        vector_root()
+
+
+# ------------------------------------------------------------------------------- the export
+
+
+def test_export_vectors_round_trips_byte_for_byte(tmp_path: Path) -> None:
+    dest = tmp_path / "deep" / "vectors"
+    count = export_vectors(dest)
+    exported = {
+        path.relative_to(dest).as_posix(): path.read_bytes()
+        for path in dest.rglob("*")
+        if path.is_file()
+    }
+    assert count == len(MANIFEST.vectors)
+    assert exported.keys() == _files_named() | {MANIFEST_NAME}
+    for name, content in exported.items():
+        assert content == (ROOT / name).read_bytes(), name
+
+
+def test_export_vectors_writes_into_an_empty_folder(tmp_path: Path) -> None:
+    assert export_vectors(tmp_path) == len(MANIFEST.vectors)
+
+
+def test_export_vectors_refuses_a_non_empty_folder_unless_forced(tmp_path: Path) -> None:
+    mine = tmp_path / "notes.txt"
+    mine.write_text("mine")
+    stale = tmp_path / MANIFEST.vectors[0].bin
+    stale.parent.mkdir()
+    stale.write_bytes(b"stale")
+    with pytest.raises(FileExistsError, match="not empty"):
+        export_vectors(tmp_path)
+    assert stale.read_bytes() == b"stale"
+    assert export_vectors(tmp_path, force=True) == len(MANIFEST.vectors)
+    assert stale.read_bytes() == (ROOT / MANIFEST.vectors[0].bin).read_bytes()
+    assert mine.read_text() == "mine", "force deletes nothing"
+
+
+def test_export_vectors_refuses_a_file(tmp_path: Path) -> None:
+    target = tmp_path / "vectors"
+    target.write_text("")
+    with pytest.raises(NotADirectoryError):
+        export_vectors(target, force=True)
+
+
+def test_the_accessor_api_is_pinned() -> None:
+    assert sorted(golden.__all__) == [
+        "FOLDERS",
+        "FORMAT_VERSION",
+        "MANIFEST_NAME",
+        "Manifest",
+        "Rule",
+        "VectorEntry",
+        "export_vectors",
+        "load_manifest",
+        "vector_root",
+    ]
