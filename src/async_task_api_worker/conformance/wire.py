@@ -35,7 +35,7 @@ from aio_pika.abc import (
     AbstractIncomingMessage,
     AbstractQueue,
 )
-from aio_pika.exceptions import DeliveryError
+from aio_pika.exceptions import AMQPError, DeliveryError
 
 from async_task_api_worker.transports.rabbitmq.topology import queue_type
 
@@ -228,10 +228,19 @@ class Wire:
         finally:
             await channel.close()
 
-    async def reopen_if_closed(self) -> None:
-        """Open the publishing channel again after the broker closed it (a body it refused)."""
-        if self._channel is None or self._channel.is_closed:
-            self._channel = await self.connection.channel(publisher_confirms=True)
+    async def try_publish(self, body: bytes, *, message_id: str | None = None) -> str | None:
+        """Publish as :meth:`publish` does; ``None`` when the broker took it, else why not.
+
+        A body over the broker's ``max_message_size`` closes the publishing channel: it is
+        opened again, so that the kit can go on.
+        """
+        try:
+            await self.publish(body, message_id=message_id)
+        except AMQPError as exc:  # DeliveryError, or the channel closed for the body's size
+            if self._channel is None or self._channel.is_closed:
+                self._channel = await self.connection.channel(publisher_confirms=True)
+            return type(exc).__name__
+        return None
 
     async def wait_for(
         self, task_id: str, done: Callable[[list[Seen]], bool], timeout_s: float | None = None
