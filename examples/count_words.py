@@ -30,7 +30,7 @@ class Output(BaseModel):
 worker = Worker("count-words")
 
 
-@worker.task(timeout=30.0)
+@worker.task(timeout=30.0, errors={"EMPTY_TEXT": "the text holds nothing to count"})
 async def handle(task_input: Input, ctx: TaskContext) -> Output:
     """Count the words; an all-blank text fails with EMPTY_TEXT."""
     if not task_input.text.strip():

@@ -13,9 +13,10 @@ import math
 import os
 import re
 import typing
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
 from enum import StrEnum
+from types import MappingProxyType
 from typing import Any, Final, Literal, ParamSpec, TypeVar, overload
 
 from pydantic import BaseModel
@@ -24,6 +25,7 @@ from async_task_api_worker.context import SyncTaskContext, TaskContext
 from async_task_api_worker.errors import (
     ContextParameterError,
     DuplicateTaskError,
+    ErrorDeclarationError,
     HandlerKindError,
     HandlerSignatureError,
     HookNotAsyncError,
@@ -35,6 +37,7 @@ from async_task_api_worker.errors import (
     NoTaskError,
     OutputModelError,
 )
+from async_task_api_worker.protocol.codes import ERROR_CODE_PATTERN, RESERVED_ERROR_CODES
 from async_task_api_worker.protocol.envelope import SERVICE_PATTERN
 
 __all__ = ["HandlerKind", "ReadinessProbe", "TaskDefinition", "Worker", "read_task"]
@@ -82,6 +85,8 @@ class TaskDefinition:
             process (``RLIMIT_AS``), or ``None``.
         cpu_limit_s: with process isolation, the CPU time limit of the task's process
             (``RLIMIT_CPU``), in seconds, or ``None``.
+        errors: the error codes the task declares it may raise, code -> what it means
+            (read-only; documentation, not a limit).
     """
 
     handler: Callable[..., Any]
@@ -92,6 +97,8 @@ class TaskDefinition:
     isolation: Literal["process"] | None = None
     memory_limit_bytes: int | None = None
     cpu_limit_s: float | None = None
+    # Out of the hash only: a mapping has none, and the definition stays hashable.
+    errors: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}), hash=False)
 
     @property
     def handler_reference(self) -> str:
@@ -184,6 +191,28 @@ def _check_isolation(isolation: object, memory_limit_bytes: object, cpu_limit_s:
             raise IsolationError(f"{name} must be a positive number, got {value!r}")
 
 
+def _checked_errors(errors: object) -> Mapping[str, str]:
+    """``errors=``, checked against the code rule of protocol/codes.py, as a read-only copy."""
+    if not isinstance(errors, Mapping):
+        raise ErrorDeclarationError(
+            f"errors must map error codes to descriptions, got {type(errors).__name__}"
+        )
+    for code, description in errors.items():
+        if not isinstance(code, str) or not ERROR_CODE_PATTERN.fullmatch(code):
+            raise ErrorDeclarationError(
+                f"errors: code {code!r} does not match {ERROR_CODE_PATTERN.pattern}"
+            )
+        if code in RESERVED_ERROR_CODES:
+            raise ErrorDeclarationError(
+                f"errors: {code} is reserved for the SDK; a handler cannot raise it"
+            )
+        if not isinstance(description, str) or not description.strip():
+            raise ErrorDeclarationError(
+                f"errors: {code} needs a description, a non-blank string, got {description!r}"
+            )
+    return MappingProxyType(dict(errors))
+
+
 def _check_importable(function: Callable[..., Any]) -> None:
     if "<locals>" in function.__qualname__ or "<lambda>" in function.__qualname__:
         raise IsolationError(
@@ -247,6 +276,7 @@ class Worker:
         isolation: Literal["process"] | None = None,
         memory_limit_bytes: int | None = None,
         cpu_limit_s: float | None = None,
+        errors: Mapping[str, str] = MappingProxyType({}),
     ) -> Callable[[Callable[P, R]], Callable[P, R]]:
         """Declare the worker's task; the decorated function is returned unchanged.
 
@@ -264,6 +294,11 @@ class Worker:
                 ``WORKER_CRASHED``.
             cpu_limit_s: with process isolation, the task process's CPU time limit
                 (``RLIMIT_CPU``), in seconds; hitting it is ``WORKER_CRASHED``.
+            errors: the codes the handler may raise (``FatalError``, ``RetryableError``), each
+                with what it means for the client: ``{"EMPTY_TEXT": "the text is blank"}``.
+                Documentation only: the ``asyncapi`` command publishes them, and raising a code
+                not declared here is still allowed. Each code follows the code rule
+                (``^[A-Z][A-Z0-9_]{0,63}$``) and is not reserved for the SDK.
 
         Raises:
             HandlerSignatureError: the decorator was used bare (``@worker.task``).
@@ -271,6 +306,8 @@ class Worker:
             IsolationError: ``isolation`` is not ``"process"`` or ``None``, a limit is given
                 without process isolation or is not positive, or the handler cannot be found
                 by a child process (not a module-level function).
+            ErrorDeclarationError: ``errors`` is not a mapping, a code breaks the code rule or
+                is reserved for the SDK, or a description is not a non-blank string.
             DuplicateTaskError: the worker already has a task.
             HandlerSignatureError: the handler's shape is wrong; the subclass says how
                 (``HandlerKindError``, ``ContextParameterError``, ``InputModelError``,
@@ -292,6 +329,7 @@ class Worker:
                 f"task timeout must be a positive, finite number of seconds, got {timeout!r}"
             )
         _check_isolation(isolation, memory_limit_bytes, cpu_limit_s)
+        declared = _checked_errors(errors)
 
         def register(function: Callable[P, R]) -> Callable[P, R]:
             if self._task is not None:
@@ -299,7 +337,7 @@ class Worker:
                     f"worker {self.name!r} already has its task "
                     f"{_qualified(self._task.handler)}; a worker runs exactly one task"
                 )
-            task = read_task(function, float(timeout))
+            task = dataclasses.replace(read_task(function, float(timeout)), errors=declared)
             if isolation is not None:
                 _check_importable(function)
                 task = dataclasses.replace(

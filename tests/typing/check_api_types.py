@@ -25,7 +25,7 @@ async def handle(task_input: In, ctx: TaskContext) -> Out:
     return Out(words=1)
 
 
-@Worker("sync").task(timeout=1)
+@Worker("sync").task(timeout=1, errors={"EMPTY_TEXT": "the text is blank"})
 def handle_sync(task_input: In, ctx: SyncTaskContext) -> Out:
     ctx.progress(0.5, {"stage": "x"})
     return Out(words=1)

@@ -7,13 +7,14 @@ from typing import Annotated, Any
 import pytest
 from pydantic import BaseModel
 
-from async_task_api_worker import SyncTaskContext, TaskContext, Worker
+from async_task_api_worker import FatalError, SyncTaskContext, TaskContext, Worker
 from async_task_api_worker.definition import HandlerKind
 from async_task_api_worker.errors import (
     ConfigError,
     ContextParameterError,
     DefinitionError,
     DuplicateTaskError,
+    ErrorDeclarationError,
     HandlerKindError,
     HandlerSignatureError,
     HookNotAsyncError,
@@ -24,6 +25,8 @@ from async_task_api_worker.errors import (
     NoTaskError,
     OutputModelError,
 )
+from async_task_api_worker.protocol.codes import RESERVED_ERROR_CODES
+from async_task_api_worker.testing import WorkerHarness
 
 
 class In(BaseModel):
@@ -311,3 +314,72 @@ def test_definition_errors_are_config_and_type_errors() -> None:
     assert issubclass(DefinitionError, ConfigError)
     assert issubclass(DefinitionError, TypeError)
     assert issubclass(DefinitionError, ValueError)
+
+
+def test_a_task_declares_no_error_codes_by_default() -> None:
+    worker = Worker("svc")
+
+    @worker.task(timeout=1)
+    async def handle(task_input: In, ctx: TaskContext) -> Out:
+        return Out(value=1)
+
+    assert dict(worker.task_definition.errors) == {}
+    assert hash(worker.task_definition)  # still hashable
+
+
+def test_declared_error_codes_are_kept_as_a_read_only_copy() -> None:
+    declared = {"EMPTY_TEXT": "the text is blank", "INVALID_INPUT": "the text is not UTF-8"}
+    worker = Worker("svc")
+
+    @worker.task(timeout=1, errors=declared)
+    async def handle(task_input: In, ctx: TaskContext) -> Out:
+        return Out(value=1)
+
+    declared["LATER"] = "added after the decorator ran"
+    errors = worker.task_definition.errors
+    assert dict(errors) == {
+        "EMPTY_TEXT": "the text is blank",
+        "INVALID_INPUT": "the text is not UTF-8",
+    }
+    with pytest.raises(TypeError):
+        errors["X"] = "y"  # type: ignore[index]
+
+
+@pytest.mark.parametrize("code", ["", "lower", "1START", "WITH-DASH", "A" * 65, 3, None])
+def test_a_declared_code_outside_the_code_rule_is_refused(code: Any) -> None:
+    with pytest.raises(ErrorDeclarationError) as error:
+        Worker("svc").task(timeout=1, errors={code: "why"})
+    assert "does not match ^[A-Z][A-Z0-9_]{0,63}$" in one_line(error)
+
+
+@pytest.mark.parametrize("code", sorted(RESERVED_ERROR_CODES))
+def test_a_declared_code_reserved_for_the_sdk_is_refused(code: str) -> None:
+    with pytest.raises(ErrorDeclarationError) as error:
+        Worker("svc").task(timeout=1, errors={code: "why"})
+    assert f"errors: {code} is reserved for the SDK" in one_line(error)
+
+
+@pytest.mark.parametrize("description", ["", "   ", None, 3])
+def test_a_declared_code_needs_a_description(description: Any) -> None:
+    with pytest.raises(ErrorDeclarationError) as error:
+        Worker("svc").task(timeout=1, errors={"EMPTY_TEXT": description})
+    assert "errors: EMPTY_TEXT needs a description" in one_line(error)
+
+
+def test_declared_errors_must_be_a_mapping() -> None:
+    with pytest.raises(ErrorDeclarationError) as error:
+        Worker("svc").task(timeout=1, errors=[("EMPTY_TEXT", "why")])  # type: ignore[arg-type]
+    assert "errors must map error codes to descriptions, got list" in one_line(error)
+    assert issubclass(ErrorDeclarationError, DefinitionError)
+
+
+async def test_a_code_the_task_did_not_declare_can_still_be_raised() -> None:
+    worker = Worker("svc")
+
+    @worker.task(timeout=1, errors={"DECLARED": "a declared failure"})
+    async def handle(task_input: In, ctx: TaskContext) -> Out:
+        raise FatalError("NOT_DECLARED", "documentation only")
+
+    async with WorkerHarness(worker) as harness:
+        run = await harness.submit({"value": 1})
+    run.assert_failed(code="NOT_DECLARED")

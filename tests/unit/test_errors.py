@@ -58,6 +58,12 @@ def test_reserved_codes_are_the_sdk_codes_a_handler_cannot_claim() -> None:
     assert all(ERROR_CODE_PATTERN.fullmatch(code) for code in ErrorCode)
 
 
+def test_every_sdk_code_says_what_it_means() -> None:
+    for code in ErrorCode:
+        assert code.description.strip().endswith("."), code
+    assert ErrorCode.TASK_TIMEOUT.description.startswith("The handler ran past its timeout")
+
+
 def test_a_long_message_is_cut() -> None:
     assert len(FatalError("X", "y" * 5000).message) == 1024
 

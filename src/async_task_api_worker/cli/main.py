@@ -109,6 +109,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     _add_setting_flags(tick, "tick")
 
+    asyncapi = commands.add_parser(
+        "asyncapi",
+        help="print the worker's contract as an AsyncAPI 3.0 document (JSON): its RabbitMQ "
+        "queues (IN_QUEUE_NAME / OUT_QUEUE_NAME), messages, schemas and error codes",
+    )
+    asyncapi.add_argument("target", help="my_module:worker")
+
     submit = commands.add_parser(
         "submit",
         help="publish tasks to a worker and print their reports until each task's last",
@@ -213,6 +220,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 junit=arguments.junit_xml,
                 timeout_s=arguments.timeout_s,
             )
+        if arguments.command == "asyncapi":
+            from async_task_api_worker.cli.commands.asyncapi import asyncapi_command
+
+            return asyncapi_command(arguments.target)
         from async_task_api_worker.cli.commands.submit import submit_command
 
         return submit_command(

@@ -8,7 +8,9 @@ module imports nothing of the package, so that ``errors`` can import it.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from enum import StrEnum
+from types import MappingProxyType
 from typing import Final
 
 __all__ = [
@@ -47,28 +49,58 @@ class ErrorCode(StrEnum):
 
     User codes (``FatalError``, ``RetryableError``) follow ``ERROR_CODE_PATTERN`` and may not be
     one of the reserved codes; ``INVALID_INPUT`` is the one SDK code a handler may also raise.
+    What each code means is its :attr:`description`.
     """
 
     INVALID_INPUT = "INVALID_INPUT"
-    """The task input failed the handler's input model; the message names the fields."""
     TASK_TIMEOUT = "TASK_TIMEOUT"
-    """The handler ran past its timeout and was cancelled (or abandoned, for a thread)."""
     INTERNAL_ERROR = "INTERNAL_ERROR"
-    """The handler raised an unexpected exception; its text is never published."""
     TASK_ABANDONED_AFTER_REDELIVERIES = "TASK_ABANDONED_AFTER_REDELIVERIES"
-    """The delivery came back more times than the delivery limit (a crash loop)."""
     POISON_MESSAGE = "POISON_MESSAGE"
-    """The inbound body is not a valid envelope, but its task id could be recovered."""
     INVALID_RESULT = "INVALID_RESULT"
-    """The handler's return value failed its output model, or no valid result came back."""
     RESULT_TOO_LARGE = "RESULT_TOO_LARGE"
-    """The success report would exceed the report size limit."""
     TRANSIENT_ERROR = "TRANSIENT_ERROR"
-    """Default code of a ``RetryableError`` that exhausted its attempts."""
     WORKER_CRASHED = "WORKER_CRASHED"
-    """An isolated task's process died from a signal the SDK did not send."""
     WORKER_DIED = "WORKER_DIED"
-    """A detached worker left no result before its deadline."""
+
+    @property
+    def description(self) -> str:
+        """What the code means, one sentence (docs/protocol.md, "Error codes")."""
+        return _DESCRIPTIONS[self]
+
+
+# Kept as data rather than as the members' docstrings: the AsyncAPI document
+# (`async-task-api-worker asyncapi`) publishes them, and attribute docstrings vanish at run time.
+_DESCRIPTIONS: Final[Mapping[ErrorCode, str]] = MappingProxyType(
+    {
+        ErrorCode.INVALID_INPUT: (
+            "The task input failed the handler's input model; the message names the fields."
+        ),
+        ErrorCode.TASK_TIMEOUT: (
+            "The handler ran past its timeout and was cancelled (or abandoned, for a thread)."
+        ),
+        ErrorCode.INTERNAL_ERROR: (
+            "The handler raised an unexpected exception; its text is never published."
+        ),
+        ErrorCode.TASK_ABANDONED_AFTER_REDELIVERIES: (
+            "The delivery came back more times than the delivery limit (a crash loop)."
+        ),
+        ErrorCode.POISON_MESSAGE: (
+            "The inbound body is not a valid envelope, but its task id could be recovered."
+        ),
+        ErrorCode.INVALID_RESULT: (
+            "The handler's return value failed its output model, or no valid result came back."
+        ),
+        ErrorCode.RESULT_TOO_LARGE: "The success report would exceed the report size limit.",
+        ErrorCode.TRANSIENT_ERROR: (
+            "Default code of a RetryableError that exhausted its attempts."
+        ),
+        ErrorCode.WORKER_CRASHED: (
+            "An isolated task's process died from a signal the SDK did not send."
+        ),
+        ErrorCode.WORKER_DIED: "A detached worker left no result before its deadline.",
+    }
+)
 
 
 class PoisonReason(StrEnum):

@@ -34,6 +34,7 @@ from async_task_api_worker.protocol.encoding import (
 
 __all__ = [
     "DEFAULT_MAX_BODY_BYTES",
+    "DELIVERY_COUNT_HEADER",
     "ID_PATTERN",
     "PROTOCOL_VERSION",
     "SERVICE_PATTERN",
@@ -57,6 +58,10 @@ SERVICE_PATTERN: Final = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 
 #: The default largest inbound body, in bytes (``WORKER_MAX_MESSAGE_BYTES``).
 DEFAULT_MAX_BODY_BYTES: Final = 16 * 1024 * 1024
+
+#: The AMQP header in which RabbitMQ counts a quorum queue's earlier deliveries of a message
+#: (docs/protocol.md, "Attempts and the delivery limit"); a producer must not set it.
+DELIVERY_COUNT_HEADER: Final = "x-delivery-count"
 
 _ID_RE = re.compile(ID_PATTERN)
 

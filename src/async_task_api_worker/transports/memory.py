@@ -20,6 +20,7 @@ from typing import Any
 
 from async_task_api_worker.errors import PublishError, SettleError
 from async_task_api_worker.ports import Delivery
+from async_task_api_worker.protocol.envelope import DELIVERY_COUNT_HEADER
 from async_task_api_worker.protocol.reports import EncodedReport
 from async_task_api_worker.transports.envelope_bodies import EnvelopeBodies
 
@@ -228,7 +229,7 @@ class InMemoryTransport(EnvelopeBodies):
         self._unacked[message.message_id] = message
         headers = dict(message.headers)
         if self._count_deliveries and message.delivery_count:
-            headers["x-delivery-count"] = message.delivery_count
+            headers[DELIVERY_COUNT_HEADER] = message.delivery_count
         return Delivery(
             body=message.body,
             headers=headers,

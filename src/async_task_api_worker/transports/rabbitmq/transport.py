@@ -44,6 +44,7 @@ from async_task_api_worker.errors import (
     TransportError,
 )
 from async_task_api_worker.ports import Delivery
+from async_task_api_worker.protocol.envelope import DELIVERY_COUNT_HEADER
 from async_task_api_worker.protocol.reports import EncodedReport
 from async_task_api_worker.transports.envelope_bodies import EnvelopeBodies
 from async_task_api_worker.transports.rabbitmq._errors import settle_errors, setup_error
@@ -103,7 +104,7 @@ def delivery_count_of(headers: dict[str, Any], redelivered: bool) -> int | None:
     """
     if not redelivered:
         return 0
-    value = headers.get("x-delivery-count")
+    value = headers.get(DELIVERY_COUNT_HEADER)
     count: int | None = None
     if isinstance(value, int) and not isinstance(value, bool):
         count = value
