@@ -9,6 +9,7 @@ them; the command exits 0 only when no case failed.
 
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
 import xml.etree.ElementTree as ET
@@ -16,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
+from async_task_api_worker.conformance.admin import AdminError
 from async_task_api_worker.conformance.cases import CASES, Case, Findings, Setup, Skip
 from async_task_api_worker.conformance.wire import Wire
 
@@ -112,6 +114,12 @@ async def run_battery(battery: Battery) -> list[Verdict]:
         ValueError: ``only`` names an unknown case.
     """
     cases = battery.cases()
+    admin = battery.setup.admin
+    if admin is not None:
+        # A run killed while it held the output queue full left its policy behind: every
+        # report would be refused until it is gone.
+        with contextlib.suppress(AdminError):
+            await admin.release()
     wire = await Wire.open(battery.url, battery.in_queue, battery.out_queue, battery.timeout_s)
     verdicts: list[Verdict] = []
     async with wire:
