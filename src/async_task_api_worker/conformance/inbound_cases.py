@@ -151,7 +151,8 @@ async def limits(wire: Wire, setup: Setup, found: Findings) -> None:
     docs/protocol.md, "The envelope" and "Decoding and poison messages": a task id of 128
     characters is taken, of 129 is unreadable (no report); a body nesting 64 levels is taken,
     65 is ``too_deep`` (a ``POISON_MESSAGE`` failure); a body of ``WORKER_MAX_MESSAGE_BYTES`` is
-    taken, one byte more is ``too_large`` (no report).
+    taken, one byte more is ``too_large`` (no report). How the refused bodies are settled is
+    the ``decoding`` case's to judge.
     """
     prefix = task_id(setup, "limits", 0)
     longest = (prefix + "-" + "x" * 128)[:128]
@@ -187,18 +188,20 @@ async def limits(wire: Wire, setup: Setup, found: Findings) -> None:
     one_success(found, longest, reports, "a task id of 128 characters")
     reports = await wire.wait_terminal(deep_ok)
     one_success(found, deep_ok, reports, f"a body nesting {MAX_NESTING_DEPTH} levels")
-    reports = await wire.wait_terminal(too_deep)
+    # Only the first report is this case's: settling a poison body once is "decoding"'s rule.
+    reports = (await wire.wait_terminal(too_deep))[:1]
     found.expect(
         [seen.type for seen in reports] == ["failure"]
         and error_code(reports[0]) == ErrorCode.POISON_MESSAGE,
-        f"a body nesting {MAX_NESTING_DEPTH + 1} levels: expected one failure POISON_MESSAGE, "
+        f"a body nesting {MAX_NESTING_DEPTH + 1} levels: expected a failure POISON_MESSAGE, "
         f"saw {kinds(reports)}",
     )
     if sizes_sent:
         reports = await wire.wait_terminal(at_size)
         one_success(found, at_size, reports, f"a body of {setup.max_message_bytes} bytes")
-    caught = await wire.catch_requeued(CATCH_WINDOW_S)
-    found.expect(not caught, f"{len(caught)} refused bodies still or again in the input queue")
+    # Taken away, not judged: whether a refused body is requeued is "decoding"'s rule; here it
+    # must only not linger into the next case.
+    await wire.catch_requeued(CATCH_WINDOW_S)
     found.notes.append(
         f"ids of 128 and 129 characters, depth {MAX_NESTING_DEPTH} and {MAX_NESTING_DEPTH + 1}"
         + (f", bodies of {setup.max_message_bytes} bytes and one more" if sizes_sent else "")
