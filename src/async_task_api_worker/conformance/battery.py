@@ -110,7 +110,8 @@ async def run_battery(battery: Battery) -> list[Verdict]:
 
     Raises:
         ConnectionError: the broker cannot be reached.
-        LookupError: a queue is missing, or no worker consumes the input queue.
+        LookupError: a queue is missing, or no worker consumes the input queue (within the
+            timeout).
         ValueError: ``only`` names an unknown case.
     """
     cases = battery.cases()

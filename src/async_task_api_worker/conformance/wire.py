@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 import aio_pika
+import aiormq
 from aio_pika.abc import (
     AbstractChannel,
     AbstractConnection,
@@ -121,7 +122,8 @@ class Wire:
 
         Raises:
             ConnectionError: the broker cannot be reached or refused the credentials.
-            LookupError: a queue does not exist, or nothing consumes the input queue.
+            LookupError: within ``timeout_s``, a queue did not come to exist, or nothing came
+                to consume the input queue.
         """
         try:
             connection = await asyncio.wait_for(aio_pika.connect(url), timeout_s)
@@ -136,17 +138,13 @@ class Wire:
         return wire
 
     async def _start(self) -> None:
-        for name in (self.in_queue, self.out_queue):
-            probe = await self.connection.channel()
-            try:
-                declared = await probe.declare_queue(name, passive=True)
-            except Exception:
-                raise LookupError(
-                    f"queue {name!r} does not exist: start the worker under test first"
-                ) from None
-            if name == self.in_queue and not declared.declaration_result.consumer_count:
-                raise LookupError(f"nothing consumes {name!r}: start the worker under test first")
-            await probe.close()
+        # A worker started just before the kit may not consume yet: wait for it, within the
+        # timeout, and say what was missing at the end.
+        deadline = time.monotonic() + self.timeout_s
+        while (missing := await self._missing()) is not None:
+            if time.monotonic() >= deadline:
+                raise LookupError(f"{missing} after {self.timeout_s:.0f} s: is the worker running?")
+            await asyncio.sleep(0.2)
         self.in_queue_type = await queue_type(self.connection, self.in_queue)
         # Reports are read on a channel of their own: a body the broker refuses for its size
         # closes the publishing channel, and must not stop the reading.
@@ -155,6 +153,21 @@ class Wire:
         self._out = await reading.get_queue(self.out_queue)
         await self.resume_reports()
         self._channel = await self.connection.channel(publisher_confirms=True)
+
+    async def _missing(self) -> str | None:
+        """What the kit still lacks to start: a queue, or a consumer of the input queue."""
+        for name in (self.in_queue, self.out_queue):
+            probe = await self.connection.channel()
+            try:
+                declared = await probe.declare_queue(name, passive=True)
+            except aiormq.exceptions.ChannelNotFoundEntity:
+                return f"queue {name!r} does not exist"
+            finally:
+                if not probe.is_closed:
+                    await probe.close()
+            if name == self.in_queue and not declared.declaration_result.consumer_count:
+                return f"nothing consumes {name!r}"
+        return None
 
     async def close(self) -> None:
         """Close the connection (idempotent)."""
