@@ -157,6 +157,13 @@ class WorkerSettings(BaseSettings):
     """Queue the tasks arrive on; default ``<worker name>_queue_in``."""
     out_queue_name: Annotated[str, Field(min_length=1, max_length=255)] | None = None
     """Queue the reports are published to; default ``<worker name>_queue_out``."""
+    control_exchange_name: Annotated[str, Field(min_length=1, max_length=255)] | None = None
+    """Fanout exchange the cancel requests are published to; default ``<worker name>_control``."""
+    worker_cancel_memory: Annotated[int, Field(ge=0, le=1_000_000)] = 10_000
+    """How many cancel requests for tasks not running here are remembered (the oldest go
+    first), so that a task whose cancel came first concludes without running; 0: none."""
+    worker_cancel_memory_s: PositiveSeconds = 3600.0
+    """How long such a cancel request is remembered, in seconds."""
     worker_consumer_timeout_s: PositiveSeconds = 1800.0
     """The broker's ``consumer_timeout`` (RabbitMQ's default: 30 min): the budget check, and the
     longest a delivery is held while its report cannot get out."""
@@ -295,6 +302,10 @@ class WorkerSettings(BaseSettings):
     def out_queue(self, service: str) -> str:
         """The output queue's name for the worker ``service``."""
         return self.out_queue_name or f"{service}_queue_out"
+
+    def control_exchange(self, service: str) -> str:
+        """The cancel requests' fanout exchange for the worker ``service``."""
+        return self.control_exchange_name or f"{service}_control"
 
     def task_timeout_s(self, declared_s: float) -> float:
         """The effective task timeout: ``WORKER_TASK_TIMEOUT_S`` if set, else the declared one."""
