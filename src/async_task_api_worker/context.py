@@ -18,13 +18,16 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, Final, Protocol
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from pydantic import BaseModel
 
-from async_task_api_worker.errors import ReportEncodeError
+from async_task_api_worker.errors import ReportEncodeError, TaskCancelledError
 from async_task_api_worker.protocol.encoding import canonical_dumps
 from async_task_api_worker.protocol.envelope import InputRef
+
+if TYPE_CHECKING:  # the engine hands the token in; the context only reads it
+    from async_task_api_worker.ports import CancelToken
 
 __all__ = [
     "ProgressDropReason",
@@ -222,6 +225,7 @@ _REFUSED_CALLS: Final = {
 
 class _ContextBase:
     __slots__ = (
+        "_cancel",
         "_gate",
         "attempt",
         "client_id",
@@ -243,7 +247,9 @@ class _ContextBase:
         input_refs: tuple[InputRef, ...],
         sink: ProgressSink,
         loop: asyncio.AbstractEventLoop | None = None,
+        cancel: CancelToken | None = None,
     ) -> None:
+        self._cancel = cancel
         self.task_id = task_id
         self.client_id = client_id
         self.service = service
@@ -256,6 +262,26 @@ class _ContextBase:
         )
         # loop: where the sink lives; None delivers in the caller's thread (a test's context).
         self._gate = _ProgressGate(sink, loop)
+
+    @property
+    def cancelled(self) -> bool:
+        """Whether the task's client cancelled it (docs/protocol.md, "Cancelling a task").
+
+        The worker concludes the task with ``failure TASK_CANCELLED`` as soon as the cancel
+        arrives and stops an ``async def`` handler itself; a ``def`` handler runs on in its
+        thread until it looks here (or calls :meth:`raise_if_cancelled`) and returns. Safe to
+        read from any thread.
+        """
+        return self._cancel is not None and self._cancel.cancelled
+
+    def raise_if_cancelled(self) -> None:
+        """Raise :class:`~async_task_api_worker.errors.TaskCancelledError` if :attr:`cancelled`.
+
+        Call it between steps of a long ``def`` handler, so that its thread stops soon after a
+        cancel; what it raises is not reported (the task was concluded already).
+        """
+        if self.cancelled:
+            raise TaskCancelledError("the task was cancelled by its client")
 
     def __repr__(self) -> str:
         return (

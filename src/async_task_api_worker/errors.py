@@ -193,6 +193,17 @@ class TaskTimeoutError(AsyncTaskWorkerError):
     code: ClassVar[str] = "TASK_TIMEOUT"
 
 
+class TaskCancelledError(AsyncTaskWorkerError):
+    """The task's client cancelled it (protocol code ``TASK_CANCELLED``).
+
+    Raised by ``ctx.raise_if_cancelled()`` in a handler, to unwind a ``def`` handler that a
+    cancel reached: the worker has concluded the task already (docs/protocol.md, "Cancelling a
+    task"), so what the handler does after it is not reported.
+    """
+
+    code: ClassVar[str] = "TASK_CANCELLED"
+
+
 class IsolatedTaskError(AsyncTaskWorkerError):
     """A process-isolated task ended without a usable result.
 

@@ -127,6 +127,8 @@ class Outcome(StrEnum):
     PUBLISH_FAILED = "publish_failed"
     SHUTDOWN_REQUEUED = "shutdown_requeued"
     CANCELLED = "cancelled"
+    CANCELLED_BY_CLIENT = "cancelled_by_client"
+    """The task's client cancelled it: concluded with ``failure TASK_CANCELLED``."""
     ENGINE_ERROR = "engine_error"
     DETACHED = "detached"
     """Handed to a detached worker (the ``tick`` command); its report comes from a sweep."""
@@ -256,6 +258,14 @@ class Transport(Protocol):
 
     async def connect(self) -> None:
         """Connect and declare what the worker needs."""
+        ...
+
+    async def listen_for_cancels(self, handler: Callable[[bytes], object]) -> bool:
+        """Hand every cancel request's body to ``handler``, on the event loop, from now on.
+
+        Returns:
+            ``False`` when this transport receives no cancels (the docs of its face say so).
+        """
         ...
 
     def deliveries(self) -> AsyncIterator[Delivery]:
@@ -420,6 +430,28 @@ class ProgressDropped:
     reason: str
 
 
+class CancelResult(StrEnum):
+    """What a cancel request did here (the ``result`` label of the cancels metric)."""
+
+    #: A task running here was stopped.
+    RUNNING = "running"
+    #: The task is not running here: remembered, for when its delivery comes.
+    REMEMBERED = "remembered"
+    #: The task finished here lately: its terminal report stands, nothing changes.
+    FINISHED = "finished"
+    #: Not running here, and remembering is off (``WORKER_CANCEL_MEMORY=0``).
+    NOT_REMEMBERED = "not_remembered"
+    #: The body is not a cancel request.
+    MALFORMED = "malformed"
+
+
+@dataclass(frozen=True, slots=True)
+class CancelRequested:
+    """A client's cancel request arrived; ``result`` says what it did (a ``CancelResult``)."""
+
+    result: str
+
+
 EngineEvent = (
     DeliveryReceived
     | TaskStarted
@@ -428,6 +460,7 @@ EngineEvent = (
     | PublishFailed
     | AckFailed
     | ProgressDropped
+    | CancelRequested
 )
 
 

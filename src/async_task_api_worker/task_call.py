@@ -42,6 +42,7 @@ from async_task_api_worker.definition import HandlerKind, TaskDefinition
 from async_task_api_worker.errors import (
     IsolatedTaskError,
     ReportEncodeError,
+    TaskCancelledError,
     TaskError,
     TaskTimeoutError,
     is_well_formed,
@@ -54,8 +55,10 @@ from async_task_api_worker.protocol.envelope import (
     describe_validation_error,
     model_field_names,
 )
+from async_task_api_worker.ports import CancelToken
 
 __all__ = [
+    "CANCELLED_BY_CLIENT",
     "DISCARD_PROGRESS",
     "TaskFields",
     "call_here",
@@ -174,15 +177,20 @@ def context_for(
     fields: TaskFields,
     sink: ProgressSink,
     loop: asyncio.AbstractEventLoop | None = None,
+    cancel: CancelToken | None = None,
 ) -> TaskContext | SyncTaskContext:
     """The context the handler gets: ``TaskContext`` for ``async def``, else ``SyncTaskContext``.
 
     ``sink`` takes its progress updates; ``loop`` is where the sink lives (``None``: the
-    caller's thread, as in a child process).
+    caller's thread, as in a child process); ``cancel`` is the client's cancel of this run
+    (``ctx.cancelled``).
     """
     context_type = TaskContext if task.kind is HandlerKind.ASYNC else SyncTaskContext
     return context_type(
-        **{name: getattr(fields, name) for name in _FIELD_NAMES}, sink=sink, loop=loop
+        **{name: getattr(fields, name) for name in _FIELD_NAMES},
+        sink=sink,
+        loop=loop,
+        cancel=cancel,
     )
 
 
@@ -239,6 +247,12 @@ def conclude_value(model: type[BaseModel], value: Any) -> Response | Failure:
     return Response(response)
 
 
+#: The conclusion of a task its client cancelled (docs/protocol.md, "Cancelling a task").
+CANCELLED_BY_CLIENT: Final = Failure(
+    ErrorCode.TASK_CANCELLED, "the task was cancelled by its client"
+)
+
+
 def timed_out(timeout_s: float) -> Failure:
     """``TASK_TIMEOUT`` for a handler that ran past ``timeout_s`` seconds (logged as a warning)."""
     _logger.warning("Task handler ran past its timeout of %g s", timeout_s)
@@ -257,6 +271,8 @@ def conclude_error(exc: BaseException, *, timeout_s: float | None = None) -> Fai
         return Failure(exc.task_code, exc.message, retryable=exc.retryable, retry_delay_s=delay)
     if isinstance(exc, TaskTimeoutError):
         return timed_out(timeout_s if timeout_s is not None else float("nan"))
+    if isinstance(exc, TaskCancelledError):
+        return CANCELLED_BY_CLIENT
     if isinstance(exc, IsolatedTaskError):
         _logger.error("The task's process ended without a result: %s", exc.message)
         return Failure(exc.task_code, exc.message)

@@ -20,7 +20,6 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 from datetime import UTC, datetime
-from typing import Any
 
 from async_task_api_worker.conclusion import Conclusion, Failure, HandedOff
 from async_task_api_worker.context import ProgressDropReason
@@ -33,21 +32,24 @@ from async_task_api_worker.engine.admission import (
     admit,
     attempt_of,
 )
+from async_task_api_worker.engine.cancels import CancelBook, CancelResult, Cancels
 from async_task_api_worker.engine.execution import Stopped, StopSignal, execute
 from async_task_api_worker.engine.progress import ProgressThrottle
 from async_task_api_worker.engine.reporting import DeliveryReporter, GiveUp
+from async_task_api_worker.engine.retries import requeue_for_retry, retry_backoff_s
 from async_task_api_worker.engine.settlement import (
     Settler,
     Verdict,
     give_back_unreported,
     report_conclusion,
+    report_failure,
     report_refusal,
 )
-from async_task_api_worker.engine.waits import until
 from async_task_api_worker.observability import tracing
 from async_task_api_worker.observability.redaction import exception_type_name, safe_traceback
 from async_task_api_worker.ports import (
     Action,
+    CancelToken,
     Delivery,
     DeliveryReceived,
     EngineEvent,
@@ -61,29 +63,13 @@ from async_task_api_worker.ports import (
     Transport,
 )
 from async_task_api_worker.settings import WorkerSettings
-from async_task_api_worker.task_call import context_for
+from async_task_api_worker.task_call import CANCELLED_BY_CLIENT, context_for
 
 __all__ = ["UNKNOWN_COUNT_LIMIT", "Engine", "StopSignal", "retry_backoff_s"]
 
 _logger = logging.getLogger("async_task_api_worker.engine")
 
 _RECEIVED = DeliveryReceived()
-
-
-def retry_backoff_s(
-    attempt: int, retry_delay_s: float | None, settings: WorkerSettings, jitter: float
-) -> float:
-    """The wait before requeueing a ``RetryableError``, in seconds.
-
-    ``retry_delay_s`` (the error's own) if given, else ``WORKER_RETRY_BACKOFF_S * 2**(attempt -
-    1) * jitter``; always capped by ``WORKER_RETRY_BACKOFF_MAX_S`` (which the time-budget rule
-    counts).
-    """
-    if retry_delay_s is not None:
-        delay_s = retry_delay_s
-    else:
-        delay_s = settings.worker_retry_backoff_s * 2 ** (attempt - 1) * jitter
-    return min(delay_s, settings.worker_retry_backoff_max_s)
 
 
 class Engine:
@@ -140,6 +126,11 @@ class Engine:
         if max_hold_s is not None:
             self._hold_s = min(self._hold_s, max_hold_s)
         self._handed_out = handed_out
+        self._cancels = Cancels(
+            CancelBook(settings.worker_cancel_memory, settings.worker_cancel_memory_s, monotonic),
+            self._service,
+            self._notify,
+        )
         self._never = StopSignal()
         self._settler = Settler(transport, self._service, self._notify, monotonic)
 
@@ -147,6 +138,14 @@ class Engine:
     def task_timeout_s(self) -> float:
         """The effective task timeout, in seconds."""
         return self._timeout_s
+
+    def cancel(self, task_id: str) -> CancelResult:
+        """Cancel ``task_id`` for its client (``engine.cancels``); logged and counted."""
+        return self._cancels.request(task_id)
+
+    def cancel_request(self, body: bytes) -> CancelResult:
+        """Read a cancel request's body and cancel its task; never raises (``engine.cancels``)."""
+        return self._cancels.request_body(body)
 
     async def handle(self, delivery: Delivery, stop: StopSignal | None = None) -> Settlement:
         """Process and settle one delivery; never raises except ``asyncio.CancelledError``.
@@ -291,25 +290,49 @@ class Engine:
         admission = self.admit(run)
         if isinstance(admission, Refused):
             return await report_refusal(run, admission)
-        if self._handed_out is not None:
+        if self._handed_out is not None:  # the tick: no cancel reaches it (docs/detached.md)
             if self._handed_out(admission.fields.task_id):
                 return Verdict(Outcome.DETACHED, Action.ACK, reason="already_handed_out")
             # A hand-off outlives the delivery, so it may start only once ``started`` is in.
             if not await run.publish_started():
                 return give_back_unreported(run)
-        else:
-            # Confirmed while the handler runs: one confirm round trip per task, not two.
-            run.begin_started()
-        self._notify(TaskStarted(admission.fields.task_id))
+            return await self._start_task(run, admission, stop, None)
+        task_id = admission.fields.task_id
+        cancel = self._cancels.book.start(task_id)
+        verdict: Verdict | None = None
         try:
-            verdict = await self._run_task(run, admission, stop)
+            if cancel.cancelled:  # its cancel came first: it concludes without running
+                verdict = await self._conclude_cancelled(run)
+            else:
+                # Confirmed while the handler runs: one confirm round trip per task, not two.
+                run.begin_started()
+                verdict = await self._start_task(run, admission, stop, cancel)
+            return verdict
+        finally:
+            concluded = verdict is not None and verdict.action in (Action.ACK, Action.CONCLUDE)
+            self._cancels.book.finish(task_id, cancel, concluded=concluded)
+
+    async def _start_task(
+        self, run: DeliveryReporter, task: Admitted, stop: StopSignal, cancel: CancelToken | None
+    ) -> Verdict:
+        self._notify(TaskStarted(task.fields.task_id))
+        try:
+            verdict = await self._run_task(run, task, stop, cancel)
         finally:
             run.end_started()  # no terminal report took it over: it is not waited for
         if run.started_error is not None:
             raise run.started_error  # refused for its content: the engine's error, not the task's
         return replace(verdict, handler_ran=True)
 
-    async def _run_task(self, run: DeliveryReporter, task: Admitted, stop: StopSignal) -> Verdict:
+    async def _conclude_cancelled(self, run: DeliveryReporter) -> Verdict:
+        verdict = await report_failure(run, CANCELLED_BY_CLIENT)
+        if verdict.outcome is Outcome.FAILURE:
+            return replace(verdict, outcome=Outcome.CANCELLED_BY_CLIENT)
+        return verdict  # the report could not get out: given back, to conclude next time
+
+    async def _run_task(
+        self, run: DeliveryReporter, task: Admitted, stop: StopSignal, cancel: CancelToken | None
+    ) -> Verdict:
         throttle = ProgressThrottle(
             interval_s=self._settings.worker_progress_min_interval_s,
             publish=run.publish_progress,
@@ -320,7 +343,9 @@ class Engine:
             handler=self._task.handler,
             task_input=task.task_input,
             raw_input=task.envelope.input,
-            context=context_for(self._task, task.fields, throttle, asyncio.get_running_loop()),
+            context=context_for(
+                self._task, task.fields, throttle, asyncio.get_running_loop(), cancel
+            ),
             timeout_s=self._timeout_s,
             task_id=task.fields.task_id,
             output_model=self._task.output_model,
@@ -333,6 +358,7 @@ class Engine:
                 stop=stop,
                 delivery_cancel=run.delivery.cancel_token,
                 report_gave_up=run.started_gave_up,
+                client_cancel=cancel,
             )
         except BaseException:
             # Cancelled from outside: the delivery is given back, so nothing may follow for it;
@@ -347,6 +373,8 @@ class Engine:
                 return Verdict(Outcome.CANCELLED, Action.NONE)
             if result.outcome is Outcome.PUBLISH_FAILED:
                 return give_back_unreported(run)  # ``started`` could not get out
+            if result.outcome is Outcome.CANCELLED_BY_CLIENT:
+                return await self._conclude_cancelled(run)
             return Verdict(
                 Outcome.SHUTDOWN_REQUEUED, Action.NACK_REQUEUE, reason=GiveUp.ABORTED.value
             )
@@ -358,24 +386,11 @@ class Engine:
         self, run: DeliveryReporter, conclusion: Conclusion, stop: StopSignal
     ) -> Verdict:
         if isinstance(conclusion, Failure) and conclusion.retryable and run.attempt < run.limit:
-            if not run.count_known:
-                _logger.warning(
-                    "The broker gives no delivery count (a classic queue?): this task gets one "
-                    "retry, then concludes; use a quorum queue for retries up to "
-                    "WORKER_DELIVERY_LIMIT",
-                    extra=self._fields(run),
-                )
-            await self._backoff(run.attempt, conclusion.retry_delay_s, stop)
-            return Verdict(Outcome.RETRY, Action.NACK_REQUEUE, code=conclusion.code, counted=True)
+            delay_s = retry_backoff_s(
+                run.attempt, conclusion.retry_delay_s, self._settings, self._jitter()
+            )
+            return await requeue_for_retry(run, conclusion, delay_s, stop, self._service)
         return await report_conclusion(run, conclusion)
-
-    async def _backoff(self, attempt: int, retry_delay_s: float | None, stop: StopSignal) -> None:
-        delay_s = retry_backoff_s(attempt, retry_delay_s, self._settings, self._jitter())
-        if delay_s > 0:
-            await until(asyncio.sleep(delay_s), delay_s, stop.draining)  # a drain cuts it short
-
-    def _fields(self, run: DeliveryReporter) -> dict[str, Any]:
-        return {"task_id": run.task_id, "service": self._service, "attempt": run.attempt}
 
     def _progress_dropped(self, reason: ProgressDropReason) -> None:
         self._notify(ProgressDropped(reason.value))

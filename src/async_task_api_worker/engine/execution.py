@@ -33,7 +33,8 @@ class StopSignal:
 class Stopped:
     """How the handler was stopped from outside.
 
-    ``shutdown_requeued``, ``cancelled``, or ``publish_failed`` (``started`` could not get out).
+    ``shutdown_requeued``, ``cancelled``, ``publish_failed`` (``started`` could not get out), or
+    ``cancelled_by_client``.
     """
 
     outcome: Outcome
@@ -47,12 +48,13 @@ async def execute(
     stop: StopSignal,
     delivery_cancel: CancelToken,
     report_gave_up: CancelToken | None = None,
+    client_cancel: CancelToken | None = None,
 ) -> ExecutionResult | Stopped:
     """Run ``request`` through ``executor`` and say how it ended.
 
-    A shutdown abort, a delivery cancel or a report that gave up (``report_gave_up``:
-    ``started`` could not get out) stops the handler alone, and says so; a cancel of the
-    caller's own task still propagates.
+    A shutdown abort, a delivery cancel, a report that gave up (``report_gave_up``: ``started``
+    could not get out) or the task's client (``client_cancel``) stops the handler alone, and
+    says so; a cancel of the caller's own task still propagates.
 
     Raises:
         asyncio.CancelledError: the calling task itself was cancelled.
@@ -66,6 +68,8 @@ async def execute(
     }
     if report_gave_up is not None:
         stoppers[report_gave_up] = Outcome.PUBLISH_FAILED
+    if client_cancel is not None:
+        stoppers[client_cancel] = Outcome.CANCELLED_BY_CLIENT
     # In this task, not one of its own: the handler's log records carry the task fields, and a
     # stop cancels the executor's await here (``engine.waits``).
     with bind_task_fields(task_fields):

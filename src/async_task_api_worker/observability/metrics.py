@@ -64,6 +64,8 @@ from async_task_api_worker.ports import (
     AckFailed,
     DeliveryReceived,
     DeliverySettled,
+    CancelRequested,
+    CancelResult,
     EngineEvent,
     Outcome,
     ProgressDropped,
@@ -155,7 +157,7 @@ class WorkerMetrics:
         self.tasks = Counter(
             "worker_tasks_total",
             "Deliveries settled, by outcome (success, failure, poison, retry, publish_failed, "
-            "shutdown_requeued, cancelled, engine_error, detached).",
+            "shutdown_requeued, cancelled, cancelled_by_client, engine_error, detached).",
             ["status"],
             registry=registry,
         )
@@ -226,6 +228,13 @@ class WorkerMetrics:
             ["reason"],
             registry=registry,
         )
+        self.cancel_requests = Counter(
+            "worker_cancel_requests_total",
+            "Cancel requests received, by what they did (running, remembered, finished, "
+            "not_remembered, malformed).",
+            ["result"],
+            registry=registry,
+        )
         Info("worker_sdk", "The async-task-api-worker SDK.", registry=registry).info(
             {"version": __version__}
         )
@@ -244,6 +253,8 @@ class WorkerMetrics:
             self.poison.labels(reason.value)
         for drop in ProgressDropReason:
             self.progress_dropped.labels(drop.value)
+        for result in CancelResult:
+            self.cancel_requests.labels(result.value)
         self.loop_lag.labels(LOOP_LAG_COMPONENT).set(0.0)
 
     def notify(self, event: EngineEvent) -> None:
@@ -263,6 +274,8 @@ class WorkerMetrics:
             self.progress_dropped.labels(_one_of(event.reason, _DROP_REASONS)).inc()
         elif isinstance(event, AckFailed):
             self.ack_failures.inc()
+        elif isinstance(event, CancelRequested):
+            self.cancel_requests.labels(_one_of(event.result, _CANCEL_RESULTS)).inc()
 
     def _settled(self, event: DeliverySettled) -> None:
         settlement = event.settlement
@@ -334,6 +347,7 @@ class _WithoutCreated:
 
 _POISON_REASONS: Final = frozenset(PoisonReason)
 _DROP_REASONS: Final = frozenset(ProgressDropReason)
+_CANCEL_RESULTS: Final = frozenset(CancelResult)
 _REPORT_TYPES: Final = frozenset(ReportType)
 
 

@@ -62,6 +62,7 @@ class ErrorCode(StrEnum):
     TRANSIENT_ERROR = "TRANSIENT_ERROR"
     WORKER_CRASHED = "WORKER_CRASHED"
     WORKER_DIED = "WORKER_DIED"
+    TASK_CANCELLED = "TASK_CANCELLED"
 
     @property
     def description(self) -> str:
@@ -99,6 +100,7 @@ _DESCRIPTIONS: Final[Mapping[ErrorCode, str]] = MappingProxyType(
             "An isolated task's process died from a signal the SDK did not send."
         ),
         ErrorCode.WORKER_DIED: "A detached worker left no result before its deadline.",
+        ErrorCode.TASK_CANCELLED: "The task's client cancelled it (a cancel request).",
     }
 )
 

@@ -130,6 +130,7 @@ def transport_for(worker: Worker, settings: WorkerSettings, **options: Any) -> T
         service=worker.name,
         heartbeat_s=settings.broker_heartbeat_s,
         connect_timeout_s=connect_timeout_s,
+        control_exchange=settings.control_exchange(worker.name),
     )
 
 

@@ -249,6 +249,8 @@ class Runner:
         self._started_hooks = True
         await self._executor.start()
         await self._transport.connect()
+        if not await self._transport.listen_for_cancels(self._engine.cancel_request):
+            _logger.info("This transport receives no cancel requests")
 
     @property
     def stuck_task_ids(self) -> tuple[str, ...]:

@@ -262,6 +262,26 @@ class WorkerHarness:
             settlement=settlement,
         )
 
+    def cancel(self, task_id: str) -> str:
+        """Cancel ``task_id`` as a client's cancel request would (docs/protocol.md).
+
+        A run of it in progress (a :meth:`submit` not yet returned) stops: an ``async def``
+        handler is cancelled, a ``def`` handler's ``ctx.cancelled`` turns true, and the run
+        concludes with ``failure TASK_CANCELLED``. Called before the task is submitted, the
+        cancel is remembered, and the submitted task concludes so without running. Use it to
+        test a handler's cleanup::
+
+            run = asyncio.create_task(harness.submit({"n": 1}, task_id="t-1"))
+            await started.wait()  # an event the handler sets
+            harness.cancel("t-1")
+            (await run).assert_failed("TASK_CANCELLED")
+
+        Returns:
+            What the cancel did: ``running``, ``remembered``, ``finished`` or
+            ``not_remembered`` (``engine.cancels.CancelResult``).
+        """
+        return self._engine.cancel(task_id).value
+
     def fail_next_publish(
         self,
         type: str | None = None,  # noqa: A002 - the seed's name

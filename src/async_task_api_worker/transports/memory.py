@@ -93,6 +93,7 @@ class InMemoryTransport(EnvelopeBodies):
         self._ids = itertools.count(1)
         self._changed = asyncio.Event()
         self._consuming = False
+        self._cancel_handlers: list[Callable[[bytes], object]] = []
         self._closed = False
         self._fail_publishes: list[list[str | int | None]] = []
         self._confirms = asyncio.Event()
@@ -209,6 +210,22 @@ class InMemoryTransport(EnvelopeBodies):
     async def connect(self) -> None:
         """Nothing to connect to; marks the transport as consuming."""
         self._consuming = True
+
+    async def listen_for_cancels(self, handler: Callable[[bytes], object]) -> bool:
+        """Hand the bodies given to :meth:`publish_cancel` to ``handler`` from now on."""
+        self._cancel_handlers.append(handler)
+        return True
+
+    def publish_cancel(self, body: bytes) -> int:
+        """Deliver a cancel request's body to every listener, at once (the fanout exchange).
+
+        Returns:
+            How many listeners got it (none before :meth:`listen_for_cancels`: lost, as a
+            cancel published while no worker is bound is).
+        """
+        for handler in self._cancel_handlers:
+            handler(body)
+        return len(self._cancel_handlers)
 
     def take(self, message_id: int | None = None) -> Delivery | None:
         """Hand out a message now: the one at the head, or the one with ``message_id``.

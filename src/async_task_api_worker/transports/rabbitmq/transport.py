@@ -27,7 +27,7 @@ import contextlib
 import logging
 import re
 import time
-from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any, Final
@@ -51,6 +51,7 @@ from async_task_api_worker.transports.rabbitmq._errors import settle_errors, set
 from async_task_api_worker.transports.rabbitmq.acks import ChannelSettles, Settle
 from async_task_api_worker.transports.rabbitmq.link import BrokerLink
 from async_task_api_worker.transports.rabbitmq.reports import ReportPublisher, ReportTrail
+from async_task_api_worker.transports.rabbitmq.control import listen_for_cancels
 from async_task_api_worker.transports.rabbitmq.topology import declare_queue, queue_type
 
 __all__ = ["RabbitMQTransport"]
@@ -156,7 +157,9 @@ class RabbitMQTransport(EnvelopeBodies):
         connect_timeout_s: float | None = None,
         reconnect_interval_s: float = 1.0,
         reopen_timeout_s: float = REOPEN_TIMEOUT_S,
+        control_exchange: str | None = None,
     ) -> None:
+        self._control_exchange = control_exchange
         self._in_queue_name = in_queue
         self._reopen_timeout_s = reopen_timeout_s
         self._out_queue_name = out_queue
@@ -263,6 +266,20 @@ class RabbitMQTransport(EnvelopeBodies):
             self._out_queue_name,
             self._prefetch,
         )
+
+    async def listen_for_cancels(self, handler: Callable[[bytes], object]) -> bool:
+        """Receive cancel requests on the control exchange (``transports.rabbitmq.control``).
+
+        Raises:
+            TransportError: the broker refused the exchange or the queue.
+        """
+        if self._control_exchange is None:
+            return False
+        try:
+            await listen_for_cancels(self._consumer.connection, self._control_exchange, handler)
+        except Exception as exc:
+            raise setup_error(exc, self._consumer.url_for_logs) from exc
+        return True
 
     # ------------------------------------------------------------------ consuming
 
