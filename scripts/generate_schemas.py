@@ -20,7 +20,7 @@ from typing import Any
 
 from pydantic import TypeAdapter
 
-from async_task_api_worker.protocol import PROTOCOL_VERSION, Envelope, Report
+from async_task_api_worker.protocol import PROTOCOL_VERSION, CancelRequest, Envelope, Report
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMA_DIR = ROOT / "src" / "async_task_api_worker" / "protocol" / "schemas"
@@ -64,6 +64,15 @@ def report_schema() -> dict[str, Any]:
     )
 
 
+def cancel_schema() -> dict[str, Any]:
+    """Return the schema of a cancel request (what the decoder accepts, validation mode)."""
+    return _with_header(
+        CancelRequest.model_json_schema(mode="validation"),
+        name="cancel",
+        title=f"AsyncTaskAPI cancel request, protocol version {PROTOCOL_VERSION}",
+    )
+
+
 def render(schema: dict[str, Any]) -> str:
     """Return the committed text of a schema: sorted keys, 2-space indent, trailing newline."""
     return json.dumps(schema, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
@@ -74,6 +83,7 @@ def generated_files() -> dict[str, str]:
     return {
         "envelope.schema.json": render(envelope_schema()),
         "report.schema.json": render(report_schema()),
+        "cancel.schema.json": render(cancel_schema()),
     }
 
 

@@ -8,7 +8,7 @@ Usage::
     uv run python scripts/generate_vectors.py          # (re)write the vectors
     uv run python scripts/generate_vectors.py --check  # exit 1 if a committed vector differs
 
-Two kinds (docs/protocol.md, "Golden vectors"):
+Three kinds (docs/protocol.md, "Golden vectors"):
 
 - ``reports/NNN-name.json``: ``{"description", "seq", "report", "properties"}``: a report's
   fields, the ``seq`` it is published with, and its expected AMQP properties;
@@ -19,6 +19,10 @@ Two kinds (docs/protocol.md, "Golden vectors"):
   case needs a limit other than the default, ``worker_service`` when the worker's own name
   matters, and ``schema_valid``: whether the body, read as JSON, passes envelope.schema.json
   (``null`` when it is not JSON at all).
+- ``cancels/NNN-name.bin``: a cancel request's body; ``cancels/NNN-name.json``: what decoding it
+  gives, either ``{"cancel": {...}, "canonical": bool}`` (the decoded fields; ``canonical``:
+  whether ``encode_cancel`` of those fields gives the ``.bin``, then with its ``properties``) or
+  ``{"refused": reason}``; plus ``schema_valid`` against cancel.schema.json, as above.
 - ``manifest.json``: every vector's kind, id, two files, description, the rule it pins (a
   docs/protocol.md section title, from :class:`Section`, and a phrase) and what it expects in
   brief; the shape is in ``conformance/golden.py``. It is written from the same case table.
@@ -44,17 +48,22 @@ from jsonschema import Draft202012Validator
 from pydantic import TypeAdapter
 
 from async_task_api_worker.conformance.golden import FOLDERS, FORMAT_VERSION, MANIFEST_NAME
-from async_task_api_worker.errors import EnvelopeDecodeError
+from async_task_api_worker.errors import CancelDecodeError, EnvelopeDecodeError
 from async_task_api_worker.protocol import (
     DEFAULT_MAX_BODY_BYTES,
+    MAX_CANCEL_BYTES,
     RESERVED_ERROR_CODES,
+    CancelDecodeReason,
     ErrorCode,
     PoisonReason,
     Report,
+    decode_cancel,
     decode_envelope,
+    encode_cancel,
     encode_report,
 )
 from async_task_api_worker.protocol.encoding import strict_loads
+from async_task_api_worker.protocol.reports import MessageProperties
 from async_task_api_worker.protocol.schemas import load_schema
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -62,6 +71,7 @@ ROOT = Path(__file__).resolve().parent.parent
 VECTOR_DIR = ROOT / "src" / "async_task_api_worker" / "conformance" / "vectors"
 REPORT_DIR = VECTOR_DIR / FOLDERS["report"]
 ENVELOPE_DIR = VECTOR_DIR / FOLDERS["envelope"]
+CANCEL_DIR = VECTOR_DIR / FOLDERS["cancel"]
 PROTOCOL_DOC = ROOT / "docs" / "protocol.md"
 
 
@@ -75,6 +85,7 @@ class Section(StrEnum):
     PROPERTIES = "AMQP properties"
     ERROR_CODES = "Error codes"
     ENCODING = "Canonical encoding"
+    CANCELLING = "Cancelling a task"
 
 
 HOW_TO_USE = (
@@ -82,7 +93,11 @@ HOW_TO_USE = (
     "report, encode it with its seq, and compare with the .bin byte for byte and with the "
     ".json's properties. For each envelope vector: decode the .bin (with max_body_bytes and as "
     "the worker worker_service when the .json gives them) and compare with the .json's envelope, "
-    'or its poison, task_id and client_id. docs/conformance.md, "The golden vectors".'
+    "or its poison, task_id and client_id. For each cancel vector: decode the .bin and compare "
+    "with the .json's cancel, or its refused reason; when canonical is true, also encode the "
+    "cancel's fields and compare with the .bin byte for byte and with the .json's properties. "
+    "Skip a kind you do not know. "
+    'docs/conformance.md, "The golden vectors".'
 )
 
 _REPORT_ADAPTER: TypeAdapter[Any] = TypeAdapter(Report)
@@ -464,6 +479,16 @@ REPORT_CASES: list[ReportCase] = [
         seq=1,
         section=Section.ERROR_CODES,
         rule="error.message at its limit of 1,024 characters",
+    ),
+    # Appended rather than added to _FAILURES, whose vectors come before the ones above: a
+    # vector's number is its id in other languages' suites, and must not move.
+    ReportCase(
+        "failure-task-cancelled",
+        "a failure report with the SDK code TASK_CANCELLED (a cancel request reached the task)",
+        _failure(ErrorCode.TASK_CANCELLED.value, "the task was cancelled at its client's request"),
+        seq=1,
+        section=Section.ERROR_CODES,
+        rule=_code_rule(ErrorCode.TASK_CANCELLED),
     ),
 ]
 
@@ -871,6 +896,186 @@ ENVELOPE_CASES: list[EnvelopeCase] = [
 ]
 
 # ---------------------------------------------------------------------------------------------
+# cancel cases
+
+
+def _cancel(**fields: Any) -> bytes:
+    """A cancel request's body: the minimal request with ``fields`` changed, in canonical order.
+
+    A field set to ``None`` is left out.
+    """
+    document: dict[str, Any] = {
+        "protocol_version": 1,
+        "type": "cancel",
+        "task_id": "t-0001",
+        "client_id": "client-a",
+        "timestamp": TS,
+    }
+    document.update(fields)
+    present = {key: value for key, value in document.items() if value is not None}
+    return json.dumps(present, separators=(",", ":"), sort_keys=True).encode("utf-8")
+
+
+def _cancel_of_size(size: int) -> bytes:
+    """A valid cancel request exactly ``size`` bytes long: an unknown field pads it."""
+    bare = _cancel(padding="")
+    return _cancel(padding="x" * (size - len(bare)))
+
+
+@dataclass(frozen=True)
+class CancelCase:
+    """One cancel vector: a body and what decoding it must give.
+
+    ``canonical``: the body is what ``encode_cancel`` writes for the fields it decodes to (the
+    generator checks it either way).
+    """
+
+    slug: str
+    description: str
+    body: bytes
+    refused: CancelDecodeReason | None = None
+    canonical: bool = False
+    schema_valid: bool | None = True
+    section: Section = field(kw_only=True)
+    rule: str = field(kw_only=True)
+
+
+_MAX_ID = "T" + "x" * 126 + "9"
+_MAX_CLIENT_ID = "C" + ("a._:@-" * 21) + "9"
+
+CANCEL_CASES: list[CancelCase] = [
+    CancelCase(
+        "minimal",
+        "a cancel request as encode_cancel writes it",
+        _cancel(),
+        canonical=True,
+        section=Section.CANCELLING,
+        rule="the five fields in the canonical encoding: keys sorted, no white space",
+    ),
+    CancelCase(
+        "id-limits",
+        "task id and client id of 128 characters, the client id with every allowed punctuation",
+        _cancel(task_id=_MAX_ID, client_id=_MAX_CLIENT_ID),
+        canonical=True,
+        section=Section.CANCELLING,
+        rule="task_id and client_id follow the envelope's id pattern, up to 128 characters",
+    ),
+    CancelCase(
+        "unknown-fields",
+        "unknown fields, another key order and white space: decoded, not canonical",
+        b'{ "type": "cancel", "reason": "the user closed the page",\n'
+        b'  "task_id": "t-0001", "client_id": "client-a", "extra": {"nested": [1, 2.5, null]},\n'
+        b'  "timestamp": "2026-11-29T22:48:46.123456Z", "protocol_version": 1 }\n',
+        section=Section.CANCELLING,
+        rule="unknown fields are ignored; key order and white space do not matter",
+    ),
+    CancelCase(
+        "timestamp-floor",
+        "a timestamp at .999999 of the epoch's first second: AMQP timestamp 0",
+        _cancel(timestamp="1970-01-01T00:00:00.999999Z"),
+        canonical=True,
+        section=Section.CANCELLING,
+        rule="AMQP timestamp: the request's timestamp in whole seconds, rounded down",
+    ),
+    CancelCase(
+        "size-at-limit",
+        f"a body of exactly {MAX_CANCEL_BYTES:,} bytes (an unknown field pads it) is accepted",
+        _cancel_of_size(MAX_CANCEL_BYTES),
+        section=Section.CANCELLING,
+        rule="check 1: a body of at most 65,536 bytes; equal is fine",
+    ),
+    # ---- refused bodies
+    CancelCase(
+        "too-large",
+        f"a valid request of {MAX_CANCEL_BYTES + 1:,} bytes, one over the limit",
+        _cancel_of_size(MAX_CANCEL_BYTES + 1),
+        refused=CancelDecodeReason.TOO_LARGE,
+        section=Section.CANCELLING,
+        rule="check 1: a body over 65,536 bytes is refused before parsing",
+    ),
+    CancelCase(
+        "invalid-utf8",
+        "a byte sequence that is not UTF-8 (C3 28) inside an unknown field",
+        _cancel(note="PLACEHOLDER").replace(b"PLACEHOLDER", b"\xc3("),
+        refused=CancelDecodeReason.INVALID_UTF8,
+        schema_valid=None,
+        section=Section.CANCELLING,
+        rule="check 2: the bytes are UTF-8",
+    ),
+    CancelCase(
+        "not-json",
+        "plain text",
+        b"cancel t-0001",
+        refused=CancelDecodeReason.INVALID_JSON,
+        schema_valid=None,
+        section=Section.CANCELLING,
+        rule="check 3: the text is strict JSON",
+    ),
+    CancelCase(
+        "not-an-object",
+        "a JSON array holding a valid request",
+        b"[" + _cancel() + b"]",
+        refused=CancelDecodeReason.NOT_AN_OBJECT,
+        schema_valid=False,
+        section=Section.CANCELLING,
+        rule="check 4: the value is an object",
+    ),
+    CancelCase(
+        "too-deep",
+        "an unknown field nesting the body 65 levels deep (the schema does not count levels)",
+        _cancel(note="PLACEHOLDER").replace(b'"PLACEHOLDER"', b"[" * 64 + b"]" * 64),
+        refused=CancelDecodeReason.TOO_DEEP,
+        section=Section.CANCELLING,
+        rule="check 5: at most 64 levels, unknown fields included",
+    ),
+    CancelCase(
+        "version-2",
+        "protocol_version 2",
+        _cancel(protocol_version=2),
+        refused=CancelDecodeReason.UNSUPPORTED_VERSION,
+        schema_valid=False,
+        section=Section.CANCELLING,
+        rule="check 6: another integer protocol_version is unsupported_version",
+    ),
+    CancelCase(
+        "wrong-type",
+        'type "started": not a cancel request',
+        _cancel(type="started"),
+        refused=CancelDecodeReason.INVALID_CANCEL,
+        schema_valid=False,
+        section=Section.CANCELLING,
+        rule='check 7: type is exactly "cancel"',
+    ),
+    CancelCase(
+        "bad-task-id",
+        "a task id with a space",
+        _cancel(task_id="t 0001"),
+        refused=CancelDecodeReason.INVALID_CANCEL,
+        schema_valid=False,
+        section=Section.CANCELLING,
+        rule="check 7: task_id follows the id pattern",
+    ),
+    CancelCase(
+        "missing-timestamp",
+        "no timestamp",
+        _cancel(timestamp=None),
+        refused=CancelDecodeReason.INVALID_CANCEL,
+        schema_valid=False,
+        section=Section.CANCELLING,
+        rule="check 7: timestamp is required",
+    ),
+    CancelCase(
+        "timestamp-no-fraction",
+        "a timestamp without its six fraction digits (an RFC 3339 time, but not the reports' form)",
+        _cancel(timestamp="2026-11-29T22:48:46Z"),
+        refused=CancelDecodeReason.INVALID_CANCEL,
+        schema_valid=False,
+        section=Section.CANCELLING,
+        rule="check 7: timestamp in the reports' form, six fraction digits and Z",
+    ),
+]
+
+# ---------------------------------------------------------------------------------------------
 # writing
 
 
@@ -881,7 +1086,9 @@ def dump_json(document: Any) -> bytes:
     return text.encode("utf-8")
 
 
-def _entry(kind: str, number: int, case: ReportCase | EnvelopeCase, expect: str) -> dict[str, Any]:
+def _entry(
+    kind: str, number: int, case: ReportCase | EnvelopeCase | CancelCase, expect: str
+) -> dict[str, Any]:
     """A vector's manifest entry (the shape in ``conformance/golden.py``)."""
     if not case.rule.strip():
         raise SystemExit(f"{case.slug}: no rule")
@@ -898,37 +1105,41 @@ def _entry(kind: str, number: int, case: ReportCase | EnvelopeCase, expect: str)
     }
 
 
+def _properties(properties: MessageProperties) -> dict[str, Any]:
+    """The AMQP properties a vector records (``timestamp`` in seconds)."""
+    return {
+        "content_type": properties.content_type,
+        "content_encoding": properties.content_encoding,
+        "delivery_mode": properties.delivery_mode,
+        "message_id": properties.message_id,
+        "correlation_id": properties.correlation_id,
+        "type": properties.type,
+        "timestamp": properties.timestamp_s,
+        "app_id": properties.app_id,
+    }
+
+
 def _report_files(number: int, case: ReportCase) -> tuple[dict[str, bytes], dict[str, Any]]:
     report = _REPORT_ADAPTER.validate_python(case.report)
     encoded = encode_report(report, seq=case.seq)
-    properties = encoded.properties
     document = {
         "description": case.description,
         "seq": case.seq,
         "report": case.report,
-        "properties": {
-            "content_type": properties.content_type,
-            "content_encoding": properties.content_encoding,
-            "delivery_mode": properties.delivery_mode,
-            "message_id": properties.message_id,
-            "correlation_id": properties.correlation_id,
-            "type": properties.type,
-            "timestamp": properties.timestamp_s,
-            "app_id": properties.app_id,
-        },
+        "properties": _properties(encoded.properties),
     }
     entry = _entry("report", number, case, f"{report.type} report bytes")
     files = {entry["json"]: dump_json(document), entry["bin"]: encoded.body}
     return files, entry
 
 
-def _schema_verdict(body: bytes) -> bool | None:
-    """Whether the body passes envelope.schema.json; ``None`` if it is not protocol JSON."""
+def _schema_verdict(body: bytes, schema: str = "envelope") -> bool | None:
+    """Whether the body passes ``<schema>.schema.json``; ``None`` if it is not protocol JSON."""
     try:
         document = strict_loads(body.decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError):
         return None
-    return bool(Draft202012Validator(load_schema("envelope")).is_valid(document))
+    return bool(Draft202012Validator(load_schema(schema)).is_valid(document))
 
 
 def _envelope_files(number: int, case: EnvelopeCase) -> tuple[dict[str, bytes], dict[str, Any]]:
@@ -963,6 +1174,37 @@ def _envelope_files(number: int, case: EnvelopeCase) -> tuple[dict[str, bytes], 
         document["envelope"] = envelope.model_dump(mode="json")
         expect = "decodes to the recorded envelope"
     entry = _entry("envelope", number, case, expect)
+    return {entry["json"]: dump_json(document), entry["bin"]: case.body}, entry
+
+
+def _cancel_files(number: int, case: CancelCase) -> tuple[dict[str, bytes], dict[str, Any]]:
+    document: dict[str, Any] = {"description": case.description}
+    verdict = _schema_verdict(case.body, "cancel")
+    if verdict != case.schema_valid:
+        raise SystemExit(f"{case.slug}: schema verdict {verdict}, expected {case.schema_valid}")
+    document["schema_valid"] = verdict
+    try:
+        request = decode_cancel(case.body)
+    except CancelDecodeError as exc:
+        if exc.reason != case.refused:
+            expected = case.refused
+            raise SystemExit(f"{case.slug}: refused {exc.reason}, expected {expected}") from None
+        document["refused"] = exc.reason
+        expect = f"refused {exc.reason}"
+    else:
+        if case.refused is not None:
+            raise SystemExit(f"{case.slug}: decoded, expected refused {case.refused}")
+        document["cancel"] = request.model_dump(mode="json")
+        body, properties = encode_cancel(request.task_id, request.client_id, request.requested_at)
+        if (body == case.body) != case.canonical:
+            raise SystemExit(f"{case.slug}: canonical is {body == case.body}, not {case.canonical}")
+        document["canonical"] = case.canonical
+        if case.canonical:
+            document["properties"] = _properties(properties)
+            expect = "encodes to the .bin and decodes to the recorded cancel"
+        else:
+            expect = "decodes to the recorded cancel"
+    entry = _entry("cancel", number, case, expect)
     return {entry["json"]: dump_json(document), entry["bin"]: case.body}, entry
 
 
@@ -1006,6 +1248,10 @@ def generated_files() -> dict[str, bytes]:
         envelope_files, entry = _envelope_files(number, envelope_case)
         files.update(envelope_files)
         entries.append(entry)
+    for number, cancel_case in enumerate(CANCEL_CASES, start=1):
+        cancel_files, entry = _cancel_files(number, cancel_case)
+        files.update(cancel_files)
+        entries.append(entry)
     files[MANIFEST_NAME] = dump_manifest(entries)
     return files
 
@@ -1020,13 +1266,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     expected = generated_files()
-    # The files this script owns: the two folders' vectors and any JSON file at the top (a
+    # The files this script owns: the three folders' vectors and any JSON file at the top (a
     # stale manifest of another name, say); anything else there is left alone.
     present = {
         path.relative_to(VECTOR_DIR).as_posix()
         for folder, suffixes in (
             (REPORT_DIR, (".json", ".bin")),
             (ENVELOPE_DIR, (".json", ".bin")),
+            (CANCEL_DIR, (".json", ".bin")),
             (VECTOR_DIR, (".json",)),
         )
         if folder.is_dir()

@@ -71,6 +71,8 @@ def test_the_detached_api_of_the_seed_is_pinned() -> None:
 def test_the_protocol_api_is_pinned() -> None:
     assert sorted(protocol.__all__) == sorted(
         [
+            "CancelDecodeReason",
+            "CancelRequest",
             "DEFAULT_MAX_BODY_BYTES",
             "ERROR_CODE_PATTERN",
             "EncodedReport",
@@ -79,6 +81,7 @@ def test_the_protocol_api_is_pinned() -> None:
             "FailureReport",
             "ID_PATTERN",
             "InputRef",
+            "MAX_CANCEL_BYTES",
             "MAX_ERROR_MESSAGE_CHARS",
             "MAX_NESTING_DEPTH",
             "MAX_REPORT_BYTES",
@@ -94,8 +97,10 @@ def test_the_protocol_api_is_pinned() -> None:
             "StartedReport",
             "SuccessReport",
             "canonical_dumps",
+            "decode_cancel",
             "decode_envelope",
             "decode_report",
+            "encode_cancel",
             "encode_report",
             "format_timestamp",
         ]

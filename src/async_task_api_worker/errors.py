@@ -11,6 +11,7 @@ The tree::
     ├── RemoteHandlerError         a handler raised in its child process (INTERNAL_ERROR)
     ├── ProtocolError              bytes that do not follow docs/protocol.md
     │   ├── EnvelopeDecodeError    an inbound body that is not a valid envelope (a poison message)
+    │   ├── CancelDecodeError      a control message that is not a valid cancel request
     │   └── ReportEncodeError      a report that cannot be encoded (too large, not JSON)
     ├── TransportError             a broker operation failed (mapped from the client library)
     │   ├── PublishError           a report was not confirmed by the broker
@@ -52,6 +53,7 @@ __all__ = [
     "AsyncTaskWorkerError",
     "BrokerRefusedError",
     "BrokerUnavailableError",
+    "CancelDecodeError",
     "ConfigError",
     "ContextParameterError",
     "DefinitionError",
@@ -269,6 +271,28 @@ class EnvelopeDecodeError(ProtocolError):
         self.detail = detail
         self.task_id = task_id
         self.client_id = client_id
+        super().__init__(f"{reason}: {detail}")
+
+
+class CancelDecodeError(ProtocolError):
+    """A body from the control exchange is not a valid cancel request; the worker drops it.
+
+    No report follows (a cancel request concludes nothing by itself), so the task id is kept
+    for the log line alone. The message says what is wrong and never echoes the body.
+
+    Attributes:
+        reason: one of the fixed reasons (``protocol.codes.CancelDecodeReason`` values):
+            ``too_large``, ``invalid_utf8``, ``invalid_json``, ``not_an_object``, ``too_deep``,
+            ``unsupported_version`` or ``invalid_cancel``.
+        detail: what is wrong: a size, a position, field paths and error kinds.
+        task_id: the body's top-level ``task_id`` when it is a JSON object carrying a valid
+            one; otherwise ``None``.
+    """
+
+    def __init__(self, reason: str, detail: str, *, task_id: str | None = None) -> None:
+        self.reason = reason
+        self.detail = detail
+        self.task_id = task_id
         super().__init__(f"{reason}: {detail}")
 
 

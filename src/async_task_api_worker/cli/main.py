@@ -147,6 +147,14 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="give up (exit 1) after this many seconds without every terminal report",
     )
+    cancel = commands.add_parser(
+        "cancel",
+        help="ask a service's workers to cancel a task (its control exchange, "
+        "CONTROL_EXCHANGE_NAME); the task then concludes with failure TASK_CANCELLED",
+    )
+    cancel.add_argument("task_id", metavar="TASK_ID", help="the task to cancel")
+    cancel.add_argument("--service", required=True, help="the worker's service name")
+    cancel.add_argument("--client-id", default="cli", help="the cancel request's client id")
     conformance = commands.add_parser(
         "conformance",
         help="check a running worker service of any language against the protocol, through "
@@ -219,6 +227,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 only=arguments.only,
                 junit=arguments.junit_xml,
                 timeout_s=arguments.timeout_s,
+            )
+        if arguments.command == "cancel":
+            from async_task_api_worker.cli.commands.cancel import cancel_command
+
+            return cancel_command(
+                arguments.task_id, service=arguments.service, client_id=arguments.client_id
             )
         if arguments.command == "asyncapi":
             from async_task_api_worker.cli.commands.asyncapi import asyncapi_command

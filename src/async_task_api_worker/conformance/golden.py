@@ -5,6 +5,7 @@ The data folder next to this module (docs/conformance.md, "The golden vectors"):
     vectors/manifest.json
     vectors/reports/NNN-name.json    vectors/reports/NNN-name.bin
     vectors/envelopes/NNN-name.json  vectors/envelopes/NNN-name.bin
+    vectors/cancels/NNN-name.json    vectors/cancels/NNN-name.bin
 
 ``scripts/generate_vectors.py`` writes all of it from one case table; docs/protocol.md, "Golden
 vectors", says what each ``.json`` holds. ``manifest.json`` is a JSON object (sorted keys)::
@@ -12,7 +13,7 @@ vectors", says what each ``.json`` holds. ``manifest.json`` is a JSON object (so
     {"format_version": 1,
      "how_to_use": "...",
      "sections": ["Canonical encoding", ...],       # the docs/protocol.md titles a rule may name
-     "vectors": [{"kind": "envelope" | "report",
+     "vectors": [{"kind": "envelope" | "report" | "cancel",
                   "id": "NNN-name",
                   "json": "envelopes/NNN-name.json",  # paths relative to manifest.json
                   "bin": "envelopes/NNN-name.bin",
@@ -51,7 +52,7 @@ FORMAT_VERSION: Final = 1
 #: The manifest's file name, at the top of the vector tree.
 MANIFEST_NAME: Final = "manifest.json"
 #: Each kind's folder in the tree.
-FOLDERS: Final = {"envelope": "envelopes", "report": "reports"}
+FOLDERS: Final = {"envelope": "envelopes", "report": "reports", "cancel": "cancels"}
 #: A vector's id: its number and its name, which are also its files' stem.
 _ID: Final = re.compile(r"[0-9]{3}-[a-z0-9]+(?:-[a-z0-9]+)*")
 
@@ -68,7 +69,7 @@ class Rule:
 class VectorEntry:
     """One vector of the manifest; ``json`` and ``bin`` are relative to the manifest."""
 
-    kind: Literal["envelope", "report"]
+    kind: Literal["envelope", "report", "cancel"]
     id: str
     json: str
     bin: str
@@ -96,7 +97,7 @@ def _tree() -> Traversable:
 
 
 def vector_root() -> Path:
-    """The folder holding ``manifest.json``, ``reports/`` and ``envelopes/``.
+    """The folder holding ``manifest.json``, ``reports/``, ``envelopes/`` and ``cancels/``.
 
     Raises:
         RuntimeError: the package is not on the file system (imported from a zip file): use

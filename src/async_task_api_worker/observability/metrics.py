@@ -11,7 +11,7 @@ metric                                    labels                                
 ``worker_task_duration_seconds``          (histogram, arrival to settle, ran tasks)   1 (+buckets)
 ``worker_messages_published_total``       ``message_type``: a report type             4
 ``event_loop_lag_seconds``                ``component``: ``worker``                   1
-``worker_task_failures_total``            ``code``: SDK codes, then up to 64 user     <= 75
+``worker_task_failures_total``            ``code``: SDK codes, then up to 64 user     <= 76
                                           codes, then ``OTHER``
 ``worker_task_retries_total``             (none)                                      1
 ``worker_poison_messages_total``          ``reason``: a poison reason                 8
@@ -23,7 +23,7 @@ metric                                    labels                                
 ``worker_sdk_info``                       ``version``                                 1
 ========================================  =========================================  ===========
 
-At most 137 series in all (a value outside a fixed set, which only a bug could send, is
+At most 138 series in all (a value outside a fixed set, which only a bug could send, is
 counted as ``other``), plus prometheus-client's process, platform and GC collectors. A user
 error code is a label value only if it matches the protocol's code pattern, and only the
 first :data:`MAX_USER_CODES` distinct ones get their own series; later ones are counted as

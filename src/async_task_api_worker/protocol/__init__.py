@@ -1,14 +1,21 @@
-"""The AsyncTaskAPI wire protocol: envelope decoder, report models, canonical encoder, codes.
+"""The AsyncTaskAPI wire protocol: envelope decoder, report models, cancel requests, codes.
 
 docs/protocol.md is the normative text; the JSON Schemas under ``protocol/schemas/`` and the
 golden vectors under ``conformance/vectors/`` are generated from and checked against this
 package.
 """
 
+from async_task_api_worker.protocol.cancel import (
+    MAX_CANCEL_BYTES,
+    CancelRequest,
+    decode_cancel,
+    encode_cancel,
+)
 from async_task_api_worker.protocol.codes import (
     ERROR_CODE_PATTERN,
     MAX_ERROR_MESSAGE_CHARS,
     RESERVED_ERROR_CODES,
+    CancelDecodeReason,
     ErrorCode,
     PoisonReason,
     ReportType,
@@ -62,6 +69,12 @@ __all__ = [
     "decode_report",
     "encode_report",
     "format_timestamp",
+    # cancel requests
+    "MAX_CANCEL_BYTES",
+    "CancelDecodeReason",
+    "CancelRequest",
+    "decode_cancel",
+    "encode_cancel",
     # encoding
     "MAX_NESTING_DEPTH",
     "MAX_REPORT_BYTES",

@@ -1,8 +1,8 @@
-"""The protocol's fixed vocabularies and rules: error codes, report types, poison reasons.
+"""The protocol's fixed vocabularies and rules: error codes, report types, refusal reasons.
 
-Source: docs/protocol.md, sections "Reports" and "Error codes". The code rule, the reserved
-codes and the message limit live here alone; ``errors`` and the report models use them. This
-module imports nothing of the package, so that ``errors`` can import it.
+Source: docs/protocol.md, sections "Reports", "Error codes" and "Cancelling a task". The code
+rule, the reserved codes and the message limit live here alone; ``errors`` and the report
+models use them. This module imports nothing of the package, so that ``errors`` can import it.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ __all__ = [
     "ERROR_CODE_PATTERN",
     "MAX_ERROR_MESSAGE_CHARS",
     "RESERVED_ERROR_CODES",
+    "CancelDecodeReason",
     "ErrorCode",
     "PoisonReason",
     "ReportType",
@@ -100,7 +101,9 @@ _DESCRIPTIONS: Final[Mapping[ErrorCode, str]] = MappingProxyType(
             "An isolated task's process died from a signal the SDK did not send."
         ),
         ErrorCode.WORKER_DIED: "A detached worker left no result before its deadline.",
-        ErrorCode.TASK_CANCELLED: "The task's client cancelled it (a cancel request).",
+        ErrorCode.TASK_CANCELLED: (
+            "The task was cancelled at its client's request: stopped while it ran, or never run."
+        ),
     }
 )
 
@@ -116,6 +119,22 @@ class PoisonReason(StrEnum):
     INVALID_ENVELOPE = "invalid_envelope"
     UNSUPPORTED_VERSION = "unsupported_version"
     WRONG_SERVICE = "wrong_service"
+
+
+class CancelDecodeReason(StrEnum):
+    """Why a cancel request's body was refused (``CancelDecodeError.reason``; a fixed set).
+
+    The checks and their order are the envelope's (:class:`PoisonReason`), with the body limit
+    at 64 KiB, ``invalid_cancel`` for the fields, and no service to compare.
+    """
+
+    TOO_LARGE = "too_large"
+    INVALID_UTF8 = "invalid_utf8"
+    INVALID_JSON = "invalid_json"
+    NOT_AN_OBJECT = "not_an_object"
+    TOO_DEEP = "too_deep"
+    UNSUPPORTED_VERSION = "unsupported_version"
+    INVALID_CANCEL = "invalid_cancel"
 
 
 #: Codes only the SDK may assert: a handler cannot claim a timeout or a poison message.

@@ -153,6 +153,9 @@ def _report_adapter() -> TypeAdapter[
 class MessageProperties:
     """The AMQP basic properties of a published report (docs/protocol.md, "AMQP properties").
 
+    Also those of a cancel request (``protocol.cancel.encode_cancel``; docs/protocol.md,
+    "Cancelling a task"): there ``delivery_mode`` is 1 and ``app_id`` the client id.
+
     Attributes:
         message_id: ``<task_id>/<attempt>/<seq>``, ``seq`` counting the reports of one attempt
             from 0, so that a consumer can drop a duplicate.
@@ -162,7 +165,7 @@ class MessageProperties:
         app_id: the worker's service name.
         content_type: always ``application/json``.
         content_encoding: always ``utf-8``.
-        delivery_mode: always 2 (persistent).
+        delivery_mode: 2 (persistent) for a report.
         headers: AMQP headers: the trace context of the report's ``send`` span
             (``traceparent``, ``tracestate``), written just before it is first sent; empty
             when nothing is traced.

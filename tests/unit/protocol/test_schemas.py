@@ -99,3 +99,25 @@ def test_the_envelope_schema_requires_five_fields_and_allows_unknown_ones() -> N
     assert not validator.is_valid({**minimal, "protocol_version": 2})
     assert not validator.is_valid({**minimal, "task_id": "with space"})
     assert not validator.is_valid({key: minimal[key] for key in list(minimal)[:-1]})
+
+
+def test_the_cancel_schema_requires_five_fields_and_allows_unknown_ones() -> None:
+    schema = load_schema("cancel")
+    assert schema["required"] == ["protocol_version", "type", "task_id", "client_id", "timestamp"]
+    assert "additionalProperties" not in schema
+    assert schema["properties"]["type"]["const"] == "cancel"
+    validator = Draft202012Validator(schema)
+    minimal: dict[str, Any] = {
+        "protocol_version": 1,
+        "type": "cancel",
+        "task_id": "t-1",
+        "client_id": "c-1",
+        "timestamp": "2026-11-29T22:48:46.123456Z",
+    }
+    assert validator.is_valid(minimal)
+    assert validator.is_valid({**minimal, "reason": "the user asked"})
+    assert not validator.is_valid({**minimal, "protocol_version": 2})
+    assert not validator.is_valid({**minimal, "type": "started"})
+    assert not validator.is_valid({**minimal, "task_id": "with space"})
+    assert not validator.is_valid({**minimal, "timestamp": "2026-11-29T22:48:46Z"})
+    assert not validator.is_valid({key: minimal[key] for key in list(minimal)[:-1]})

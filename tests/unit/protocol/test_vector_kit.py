@@ -46,8 +46,18 @@ def test_every_file_the_manifest_names_exists() -> None:
     assert missing == set(), "manifest entries without their file"
 
 
-def test_the_tree_holds_the_manifest_and_the_two_folders_only() -> None:
-    assert {path.name for path in ROOT.iterdir()} == {MANIFEST_NAME, "envelopes", "reports"}
+def test_the_tree_holds_the_manifest_and_the_three_folders_only() -> None:
+    assert {path.name for path in ROOT.iterdir()} == {
+        MANIFEST_NAME,
+        "envelopes",
+        "reports",
+        "cancels",
+    }
+    assert set(golden.FOLDERS.values()) == {"envelopes", "reports", "cancels"}
+
+
+def test_every_kind_has_vectors() -> None:
+    assert {entry.kind for entry in MANIFEST.vectors} == set(golden.FOLDERS)
 
 
 def test_the_manifest_has_its_format_and_how_to_use() -> None:
@@ -82,6 +92,13 @@ def test_every_expectation_agrees_with_its_json() -> None:
         vector = json.loads((ROOT / entry.json).read_text(encoding="utf-8"))
         if entry.kind == "report":
             assert entry.expect == f"{vector['report']['type']} report bytes", entry.id
+        elif entry.kind == "cancel":
+            if "refused" in vector:
+                assert entry.expect == f"refused {vector['refused']}", entry.id
+            elif vector["canonical"]:
+                assert entry.expect.startswith("encodes to the .bin and decodes"), entry.id
+            else:
+                assert entry.expect == "decodes to the recorded cancel", entry.id
         elif "poison" in vector:
             assert entry.expect.startswith(f"poison {vector['poison']}, "), entry.id
             assert ("no task id" in entry.expect) is (vector["task_id"] is None), entry.id
@@ -123,10 +140,17 @@ def test_load_manifest_refuses_another_format_version(
     [
         {"json": "../../etc/passwd.json"},
         {"bin": "reports/001-minimal.bin"},
+        {"kind": "report"},
         {"id": "../001-minimal", "json": "envelopes/../001-minimal.json"},
         {"id": "001-Minimal", "json": "envelopes/001-Minimal.json"},
     ],
-    ids=["json-outside", "bin-in-other-kind", "id-with-dots", "id-upper-case"],
+    ids=[
+        "json-outside",
+        "bin-in-other-kind",
+        "kind-of-other-files",
+        "id-with-dots",
+        "id-upper-case",
+    ],
 )
 def test_load_manifest_refuses_a_bad_id_or_file(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, change: dict[str, str]

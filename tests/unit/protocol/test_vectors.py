@@ -8,6 +8,7 @@ decoder that alters a single byte fails here. Their manifest: test_vector_kit.py
 from __future__ import annotations
 
 import json
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -16,15 +17,18 @@ from jsonschema import Draft202012Validator
 from pydantic import TypeAdapter
 
 from async_task_api_worker.conformance.golden import vector_root
-from async_task_api_worker.errors import EnvelopeDecodeError
+from async_task_api_worker.errors import CancelDecodeError, EnvelopeDecodeError
 from async_task_api_worker.protocol import (
     DEFAULT_MAX_BODY_BYTES,
+    CancelDecodeReason,
     ErrorCode,
     PoisonReason,
     Report,
     ReportType,
+    decode_cancel,
     decode_envelope,
     decode_report,
+    encode_cancel,
     encode_report,
 )
 from async_task_api_worker.protocol.encoding import strict_loads
@@ -34,10 +38,16 @@ VECTORS = vector_root()
 PROTOCOL_DOC = Path(__file__).resolve().parents[3] / "docs" / "protocol.md"
 REPORTS = sorted((VECTORS / "reports").glob("*.json"))
 ENVELOPES = sorted((VECTORS / "envelopes").glob("*.json"))
+CANCELS = sorted((VECTORS / "cancels").glob("*.json"))
+#: The cancel vectors that decode, whose fields can be encoded again.
+DECODED_CANCELS = [
+    path for path in CANCELS if "cancel" in json.loads(path.read_text(encoding="utf-8"))
+]
 
 REPORT_ADAPTER: TypeAdapter[Any] = TypeAdapter(Report)
 REPORT_VALIDATOR = Draft202012Validator(load_schema("report"))
 ENVELOPE_VALIDATOR = Draft202012Validator(load_schema("envelope"))
+CANCEL_VALIDATOR = Draft202012Validator(load_schema("cancel"))
 
 
 def _load(path: Path) -> tuple[dict[str, Any], bytes]:
@@ -57,7 +67,7 @@ def test_there_are_at_least_25_vectors() -> None:
     assert len(ENVELOPES) >= 10
 
 
-@pytest.mark.parametrize("folder", ["reports", "envelopes"])
+@pytest.mark.parametrize("folder", ["reports", "envelopes", "cancels"])
 def test_every_vector_is_a_json_and_bin_pair_with_a_unique_number(folder: str) -> None:
     files = list((VECTORS / folder).iterdir())
     stems_json = {path.stem for path in files if path.suffix == ".json"}
@@ -212,3 +222,86 @@ def test_the_report_examples_in_the_spec_are_vector_bytes() -> None:
     bodies = {path.with_suffix(".bin").read_bytes() for path in REPORTS}
     for example in examples:
         assert example in bodies
+
+
+# ------------------------------------------------------------------------------- cancels
+
+
+def test_cancel_vectors_cover_every_reason_and_valid_bodies() -> None:
+    expectations = [_load(path)[0] for path in CANCELS]
+    assert {item["refused"] for item in expectations if "refused" in item} == {
+        reason.value for reason in CancelDecodeReason
+    }
+    assert sum("cancel" in item for item in expectations) >= 3
+    assert sum(item.get("canonical", False) for item in expectations) >= 2
+    assert any("cancel" in item and not item["canonical"] for item in expectations)
+
+
+@pytest.mark.parametrize("path", CANCELS, ids=_ids(CANCELS))
+def test_cancel_vector_decodes_as_recorded(path: Path) -> None:
+    vector, body = _load(path)
+    expected = {key: vector[key] for key in ("cancel", "refused") if key in vector}
+    assert _decode_cancel(body) == expected
+
+
+def _decode_cancel(body: bytes) -> dict[str, Any]:
+    try:
+        request = decode_cancel(body)
+    except CancelDecodeError as exc:
+        return {"refused": exc.reason}
+    return {"cancel": request.model_dump(mode="json")}
+
+
+@pytest.mark.parametrize("path", DECODED_CANCELS, ids=_ids(DECODED_CANCELS))
+def test_decoded_cancel_vector_encodes_to_its_bytes_when_canonical(path: Path) -> None:
+    vector, expected = _load(path)
+    fields = vector["cancel"]
+    body, properties = encode_cancel(
+        fields["task_id"], fields["client_id"], datetime.fromisoformat(fields["timestamp"])
+    )
+    assert (body == expected) is vector["canonical"]
+    if vector["canonical"]:
+        assert {
+            "content_type": properties.content_type,
+            "content_encoding": properties.content_encoding,
+            "delivery_mode": properties.delivery_mode,
+            "message_id": properties.message_id,
+            "correlation_id": properties.correlation_id,
+            "type": properties.type,
+            "timestamp": properties.timestamp_s,
+            "app_id": properties.app_id,
+        } == vector["properties"]
+    else:
+        assert "properties" not in vector
+
+
+@pytest.mark.parametrize("path", CANCELS, ids=_ids(CANCELS))
+def test_cancel_vector_has_its_recorded_schema_verdict(path: Path) -> None:
+    vector, body = _load(path)
+    try:
+        document = strict_loads(body.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        assert vector["schema_valid"] is None
+        return
+    assert CANCEL_VALIDATOR.is_valid(document) is vector["schema_valid"]
+    if "cancel" in vector:
+        assert vector["schema_valid"] is True
+        CANCEL_VALIDATOR.validate(vector["cancel"])
+
+
+def test_the_cancel_example_in_the_spec_is_vector_bytes() -> None:
+    spec = PROTOCOL_DOC.read_text(encoding="utf-8")
+    examples = [
+        line.strip().encode()
+        for line in spec.splitlines()
+        if line.strip().startswith('{"client_id"') and '"type":"cancel"' in line
+    ]
+    assert examples == [(VECTORS / "cancels" / "001-minimal.bin").read_bytes()]
+
+
+def test_the_minimal_cancel_vector_matches_bytes_written_by_hand() -> None:
+    # Independent of the generator: written out by hand from the rules.
+    assert (VECTORS / "cancels" / "001-minimal.bin").read_bytes() == (
+        b'{"client_id":"client-a","protocol_version":1,"task_id":"t-0001",'
+        b'"timestamp":"2026-11-29T22:48:46.123456Z","type":"cancel"}'
+    )

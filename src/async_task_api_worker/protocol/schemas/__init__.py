@@ -1,7 +1,8 @@
 """The protocol's JSON Schemas (draft 2020-12), shipped with the package.
 
 ``envelope.schema.json`` describes the inbound envelope, ``report.schema.json`` the four reports
-(a ``oneOf`` keyed by ``type``). Both are generated from the pydantic models by
+(a ``oneOf`` keyed by ``type``), ``cancel.schema.json`` a cancel request on the control exchange.
+All three are generated from the pydantic models by
 ``scripts/generate_schemas.py``; docs/protocol.md, "JSON Schemas", says where they are weaker
 than the decoder.
 """
@@ -15,14 +16,14 @@ from typing import Any, Final
 __all__ = ["SCHEMA_NAMES", "load_schema"]
 
 #: The names :func:`load_schema` accepts.
-SCHEMA_NAMES: Final = ("envelope", "report")
+SCHEMA_NAMES: Final = ("envelope", "report", "cancel")
 
 
 def load_schema(name: str) -> dict[str, Any]:
     """Load one of the shipped JSON Schemas.
 
     Args:
-        name: ``"envelope"`` or ``"report"``.
+        name: ``"envelope"``, ``"report"`` or ``"cancel"``.
 
     Returns:
         The schema, a fresh dict on every call (the caller may change it).

@@ -1,4 +1,4 @@
-"""The producer's side of the protocol on RabbitMQ: publish envelopes, consume reports.
+"""The producer's side of the protocol on RabbitMQ: publish envelopes and cancels, read reports.
 
 Used by :mod:`async_task_api_worker.client` (the ``submit`` command, the integration tests and
 the benchmarks); the only other module, with ``transport``, that imports aio-pika.
@@ -10,20 +10,32 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Mapping
+from datetime import UTC, datetime
 from typing import Final
 
 import aio_pika
+import aiormq
 from aio_pika.abc import (
     AbstractChannel,
+    AbstractExchange,
     AbstractIncomingMessage,
     AbstractQueue,
 )
 
-from async_task_api_worker.errors import TransportError
+from async_task_api_worker.errors import BrokerRefusedError, PublishError, TransportError
+from async_task_api_worker.protocol.reports import MessageProperties
 from async_task_api_worker.settings import split_broker_urls
-from async_task_api_worker.transports.rabbitmq._errors import publish_errors, setup_error
+from async_task_api_worker.transports.rabbitmq._errors import (
+    is_refusal,
+    publish_errors,
+    refused,
+    setup_error,
+)
 from async_task_api_worker.transports.rabbitmq.link import BrokerLink
-from async_task_api_worker.transports.rabbitmq.topology import declare_queue
+from async_task_api_worker.transports.rabbitmq.topology import (
+    declare_control_exchange,
+    declare_queue,
+)
 
 __all__ = ["RabbitMQProducer", "ReportMessage"]
 
@@ -68,13 +80,16 @@ _PENDING: set[asyncio.Future[None]] = set()
 
 
 class RabbitMQProducer:
-    """Publishes envelopes to a worker's input queue and consumes its output queue.
+    """Publishes envelopes and cancel requests to a worker, and consumes its output queue.
+
+    Envelopes go to the worker's input queue, cancel requests to its control exchange.
 
     Args:
         url: the AMQP URL, or several separated by commas (tried in turn); passwords are never
             logged.
         in_queue: the worker's input queue.
         out_queue: the worker's output queue.
+        control_exchange: the worker's control exchange (:meth:`publish_cancel`).
         prefetch: the most reports held unacked at once.
         connect_timeout_s: give up connecting after this many seconds.
     """
@@ -85,21 +100,28 @@ class RabbitMQProducer:
         url: str,
         in_queue: str,
         out_queue: str,
+        control_exchange: str | None = None,
         prefetch: int = 100,
         connect_timeout_s: float = 10.0,
     ) -> None:
         self._url = url
         self._in_queue = in_queue
         self._out_queue = out_queue
+        self._control_exchange = control_exchange
         self._prefetch = prefetch
         self._connect_timeout_s = connect_timeout_s
         self._link: BrokerLink | None = None
         self._publish_channel: AbstractChannel | None = None
         self._consume_channel: AbstractChannel | None = None
         self._reports: AbstractQueue | None = None
+        self._control: AbstractExchange | None = None
 
-    async def connect(self) -> None:
+    async def connect(self, *, queues: bool = True) -> None:
         """Connect and declare both queues (durable, no arguments, as the worker does).
+
+        Args:
+            queues: declare the queues; without them (a client that only cancels) only the
+                publishing channel is opened, and :meth:`consume_reports` cannot be used.
 
         Raises:
             BrokerRefusedError: the broker refused the credentials, the vhost or a queue.
@@ -118,6 +140,8 @@ class RabbitMQProducer:
             self._publish_channel = await connection.channel(
                 publisher_confirms=True, on_return_raises=True
             )
+            if not queues:
+                return
             self._consume_channel = await connection.channel()
             await self._consume_channel.set_qos(prefetch_count=self._prefetch)
             await declare_queue(self._publish_channel, self._in_queue)
@@ -162,6 +186,74 @@ class RabbitMQProducer:
                 routing_key=self._in_queue,
                 mandatory=True,
             )
+
+    async def publish_cancel(self, body: bytes, properties: MessageProperties) -> None:
+        """Publish a cancel request to the control exchange and wait for the confirm.
+
+        The exchange is declared (fanout, durable) before the first request, so that a cancel
+        may come before any worker started. Not ``mandatory``: a request that reaches no worker
+        (none bound at that moment) is dropped by the broker, which is not an error
+        (docs/protocol.md, "Cancelling a task").
+
+        Args:
+            body: the request's bytes (``protocol.cancel.encode_cancel``).
+            properties: its AMQP properties, from the same call.
+
+        Raises:
+            BrokerRefusedError: the broker refused the exchange: the user may not configure
+                it, or it exists with another type or other flags.
+            PublishError: the broker did not confirm the request, or the exchange could not be
+                declared for another reason.
+        """
+        name = self._control_exchange
+        if name is None:
+            raise PublishError("the cancel request has no control exchange to go to")
+        exchange = self._control or await self._declare_control(name)
+        with publish_errors("the cancel request"):
+            await exchange.publish(
+                aio_pika.Message(
+                    body,
+                    content_type=properties.content_type,
+                    content_encoding=properties.content_encoding,
+                    delivery_mode=properties.delivery_mode,
+                    message_id=properties.message_id,
+                    correlation_id=properties.correlation_id,
+                    type=properties.type,
+                    timestamp=datetime.fromtimestamp(properties.timestamp_s, UTC),
+                    app_id=properties.app_id,
+                    headers=dict(properties.headers) if properties.headers else None,
+                ),
+                routing_key="",
+                # aio-pika's default is mandatory: a request no worker is bound for would come
+                # back as a failure, and no worker bound is a normal moment.
+                mandatory=False,
+            )
+
+    async def _declare_control(self, name: str) -> AbstractExchange:
+        channel = self._publish_channel
+        if channel is None:
+            raise PublishError("the cancel request was not confirmed: not connected")
+        try:
+            self._control = await declare_control_exchange(channel, name)
+        except Exception as exc:
+            # The failed declare closed the channel: reopen it for the envelopes.
+            if channel.is_closed:
+                with contextlib.suppress(Exception):
+                    await channel.reopen()
+            if is_refusal(exc):
+                raise refused(exc, self._url_for_logs()) from exc
+            if isinstance(exc, aiormq.exceptions.ChannelPreconditionFailed):
+                raise BrokerRefusedError(
+                    f"the exchange {name} exists with another type or other flags than a "
+                    f"durable fanout exchange: {str(exc)[:300]}"
+                ) from exc
+            raise PublishError(
+                f"could not declare the exchange {name}: {type(exc).__name__}"
+            ) from exc
+        return self._control
+
+    def _url_for_logs(self) -> str:
+        return self._link.url_for_logs if self._link is not None else "(not connected)"
 
     async def consume_reports(self, on_report: Callable[[ReportMessage], Awaitable[None]]) -> None:
         """Call ``on_report`` for each report on the output queue, until :meth:`close`."""

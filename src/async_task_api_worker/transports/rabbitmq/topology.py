@@ -1,9 +1,10 @@
-"""Declaring the worker's queues the way the platform expects, and learning their type.
+"""Declaring the worker's queues and control exchange the way the platform expects.
 
 Source: seed "Running a worker": the queues are declared durable and with no arguments, so that
 the broker decides their type and policies. Retries need a delivery count, which only quorum
 queues keep (RabbitMQ sets ``x-delivery-count`` on them); classic queues only set
-``redelivered``.
+``redelivered``. The control exchange, where clients publish cancel requests, is declared alike
+by workers and clients (docs/protocol.md, "Cancelling a task").
 """
 
 from __future__ import annotations
@@ -13,9 +14,10 @@ import re
 from typing import Any, Final
 
 import aiormq
-from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractQueue
+from aio_pika import ExchangeType
+from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractExchange, AbstractQueue
 
-__all__ = ["declare_queue", "inequivalent_argument", "queue_type"]
+__all__ = ["declare_control_exchange", "declare_queue", "inequivalent_argument", "queue_type"]
 
 _logger = logging.getLogger("async_task_api_worker.transports.rabbitmq")
 
@@ -72,6 +74,22 @@ async def declare_queue(channel: AbstractChannel, name: str) -> AbstractQueue:
         if channel.is_closed:
             await channel.reopen()
         return await channel.declare_queue(name, passive=True)
+
+
+async def declare_control_exchange(channel: AbstractChannel, name: str) -> AbstractExchange:
+    """Declare the cancel requests' exchange ``name``: fanout, durable, not auto-delete, no args.
+
+    Workers and clients both declare it, with exactly these flags, so that whichever comes first
+    makes it and the other's declare agrees (a declare with other flags would fail with
+    ``PRECONDITION_FAILED`` and close the channel). Durable, so that a client may cancel before
+    any worker started, and the exchange outlives a broker restart.
+
+    Raises:
+        aiormq.exceptions.ChannelPreconditionFailed: the exchange exists with another type or
+            other flags.
+        aiormq.exceptions.ChannelAccessRefused: the user may not configure it.
+    """
+    return await channel.declare_exchange(name, ExchangeType.FANOUT, durable=True)
 
 
 async def queue_type(connection: AbstractConnection, name: str) -> str:
