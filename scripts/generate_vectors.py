@@ -62,6 +62,7 @@ from async_task_api_worker.protocol import (
     encode_cancel,
     encode_report,
 )
+from async_task_api_worker.protocol.cancel import TASK_CANCELLED_MESSAGE
 from async_task_api_worker.protocol.encoding import strict_loads
 from async_task_api_worker.protocol.reports import MessageProperties
 from async_task_api_worker.protocol.schemas import load_schema
@@ -485,7 +486,7 @@ REPORT_CASES: list[ReportCase] = [
     ReportCase(
         "failure-task-cancelled",
         "a failure report with the SDK code TASK_CANCELLED (a cancel request reached the task)",
-        _failure(ErrorCode.TASK_CANCELLED.value, "the task was cancelled at its client's request"),
+        _failure(ErrorCode.TASK_CANCELLED.value, TASK_CANCELLED_MESSAGE),
         seq=1,
         section=Section.ERROR_CODES,
         rule=_code_rule(ErrorCode.TASK_CANCELLED),

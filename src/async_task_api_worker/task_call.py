@@ -49,13 +49,14 @@ from async_task_api_worker.errors import (
 )
 from async_task_api_worker.observability import tracing
 from async_task_api_worker.observability.redaction import exception_type_name, safe_traceback
+from async_task_api_worker.ports import CancelToken
+from async_task_api_worker.protocol.cancel import TASK_CANCELLED_MESSAGE
 from async_task_api_worker.protocol.codes import ErrorCode
 from async_task_api_worker.protocol.envelope import (
     InputRef,
     describe_validation_error,
     model_field_names,
 )
-from async_task_api_worker.ports import CancelToken
 
 __all__ = [
     "CANCELLED_BY_CLIENT",
@@ -248,9 +249,7 @@ def conclude_value(model: type[BaseModel], value: Any) -> Response | Failure:
 
 
 #: The conclusion of a task its client cancelled (docs/protocol.md, "Cancelling a task").
-CANCELLED_BY_CLIENT: Final = Failure(
-    ErrorCode.TASK_CANCELLED, "the task was cancelled by its client"
-)
+CANCELLED_BY_CLIENT: Final = Failure(ErrorCode.TASK_CANCELLED, TASK_CANCELLED_MESSAGE)
 
 
 def timed_out(timeout_s: float) -> Failure:

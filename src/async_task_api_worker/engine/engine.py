@@ -32,7 +32,7 @@ from async_task_api_worker.engine.admission import (
     admit,
     attempt_of,
 )
-from async_task_api_worker.engine.cancels import CancelBook, CancelResult, Cancels
+from async_task_api_worker.engine.cancels import CancelBook, Cancels
 from async_task_api_worker.engine.execution import Stopped, StopSignal, execute
 from async_task_api_worker.engine.progress import ProgressThrottle
 from async_task_api_worker.engine.reporting import DeliveryReporter, GiveUp
@@ -139,13 +139,10 @@ class Engine:
         """The effective task timeout, in seconds."""
         return self._timeout_s
 
-    def cancel(self, task_id: str) -> CancelResult:
-        """Cancel ``task_id`` for its client (``engine.cancels``); logged and counted."""
-        return self._cancels.request(task_id)
-
-    def cancel_request(self, body: bytes) -> CancelResult:
-        """Read a cancel request's body and cancel its task; never raises (``engine.cancels``)."""
-        return self._cancels.request_body(body)
+    @property
+    def cancels(self) -> Cancels:
+        """The clients' cancel requests (``engine.cancels``): ``request``, ``request_body``."""
+        return self._cancels
 
     async def handle(self, delivery: Delivery, stop: StopSignal | None = None) -> Settlement:
         """Process and settle one delivery; never raises except ``asyncio.CancelledError``.
@@ -186,15 +183,6 @@ class Engine:
             settlement = await self._settler.settle(run, verdict, arrived_at)
             span.ended(settlement)
             return settlement
-
-    async def settle(
-        self, run: DeliveryReporter, verdict: Verdict, arrived_at: float
-    ) -> Settlement:
-        """Settle ``verdict``: the broker call, the decision line and the metrics.
-
-        For a face that decides its verdicts itself, as the ``tick`` command does.
-        """
-        return await self._settler.settle(run, verdict, arrived_at)
 
     async def report_result(
         self,

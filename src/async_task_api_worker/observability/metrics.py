@@ -62,10 +62,10 @@ from async_task_api_worker._version import __version__
 from async_task_api_worker.context import ProgressDropReason
 from async_task_api_worker.ports import (
     AckFailed,
-    DeliveryReceived,
-    DeliverySettled,
     CancelRequested,
     CancelResult,
+    DeliveryReceived,
+    DeliverySettled,
     EngineEvent,
     Outcome,
     ProgressDropped,

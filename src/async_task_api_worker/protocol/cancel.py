@@ -41,6 +41,7 @@ __all__ = [
     "CANCEL_DELIVERY_MODE",
     "CANCEL_TYPE",
     "MAX_CANCEL_BYTES",
+    "TASK_CANCELLED_MESSAGE",
     "CancelRequest",
     "decode_cancel",
     "encode_cancel",
@@ -60,6 +61,9 @@ CANCEL_TYPE: Final = "cancel"
 #: disk would only cost. What does outlive a restart is the task's own delivery, which is then
 #: delivered again and runs again: its client must cancel again (docs/protocol.md).
 CANCEL_DELIVERY_MODE: Final = 1
+
+#: The ``error.message`` of every ``failure TASK_CANCELLED`` (vector ``reports/034``).
+TASK_CANCELLED_MESSAGE: Final = "the task was cancelled at its client's request"
 
 _ID_RE = re.compile(ID_PATTERN)
 # TIMESTAMP_PATTERN says ASCII digits (docs/protocol.md, "Reports"), but pydantic-core's regex

@@ -249,7 +249,7 @@ class Runner:
         self._started_hooks = True
         await self._executor.start()
         await self._transport.connect()
-        if not await self._transport.listen_for_cancels(self._engine.cancel_request):
+        if not await self._transport.listen_for_cancels(self._engine.cancels.request_body):
             _logger.info("This transport receives no cancel requests")
 
     @property

@@ -280,7 +280,7 @@ class WorkerHarness:
             What the cancel did: ``running``, ``remembered``, ``finished`` or
             ``not_remembered`` (``engine.cancels.CancelResult``).
         """
-        return self._engine.cancel(task_id).value
+        return self._engine.cancels.request(task_id).value
 
     def fail_next_publish(
         self,

@@ -134,8 +134,8 @@ async def test_cancels_from_the_request_body_and_malformed_ones_are_counted() ->
         engine = harness._engine
         body, _ = encode_cancel("t-6", "client-a", datetime.now(UTC))
         assert harness.transport.publish_cancel(body) == 0  # nobody listens in the harness
-        assert engine.cancel_request(b"{not json") is CancelResult.MALFORMED
-        assert engine.cancel_request(body) is CancelResult.RUNNING
+        assert engine.cancels.request_body(b"{not json") is CancelResult.MALFORMED
+        assert engine.cancels.request_body(body) is CancelResult.RUNNING
         result = await run
     result.assert_failed("TASK_CANCELLED")
     assert CancelRequested("malformed") in harness.events

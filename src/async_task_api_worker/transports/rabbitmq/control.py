@@ -1,13 +1,13 @@
 """Receiving cancel requests: a queue of this worker's own on the service's control exchange.
 
 docs/protocol.md, "Cancelling a task": clients publish cancel requests to a fanout exchange
-(``<service>_control``, ``CONTROL_EXCHANGE_NAME``). Each worker declares it (durable, so that a
-client may publish before any worker ran), and binds to it an exclusive, auto-delete queue of
+(``<service>_control``, ``CONTROL_EXCHANGE_NAME``). Each worker declares it as clients do
+(``topology.declare_control_exchange``), and binds to it an exclusive, auto-delete queue of
 its own (``<exchange>.<random>``: a name the broker chose, ``amq.gen-...``, could not be
 declared again after a reconnect): every worker gets every cancel, and the queue goes with the
-worker's connection. On a reconnect, aio-pika's robust channel declares the queue again, binds it again
-and consumes again, in that order, before the channel is used; a cancel published while the
-worker was away is not in it (the window docs/protocol.md names).
+worker's connection. On a reconnect, aio-pika's robust channel declares the queue again, binds
+it again and consumes again, in that order, before the channel is used; a cancel published
+while the worker was away is not in it (the window docs/protocol.md names).
 """
 
 from __future__ import annotations
@@ -16,10 +16,11 @@ import logging
 import uuid
 from collections.abc import Callable
 
-import aio_pika
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractRobustConnection
 
 __all__ = ["listen_for_cancels"]
+
+from async_task_api_worker.transports.rabbitmq.topology import declare_control_exchange
 
 _logger = logging.getLogger("async_task_api_worker.transports.rabbitmq")
 
@@ -44,7 +45,7 @@ async def listen_for_cancels(
     """
     channel = await connection.channel()
     await channel.set_qos(prefetch_count=_PREFETCH)
-    fanout = await channel.declare_exchange(exchange, aio_pika.ExchangeType.FANOUT, durable=True)
+    fanout = await declare_control_exchange(channel, exchange)
     queue = await channel.declare_queue(
         f"{exchange}.{uuid.uuid4().hex[:12]}", exclusive=True, auto_delete=True
     )

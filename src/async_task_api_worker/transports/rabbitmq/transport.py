@@ -49,9 +49,9 @@ from async_task_api_worker.protocol.reports import EncodedReport
 from async_task_api_worker.transports.envelope_bodies import EnvelopeBodies
 from async_task_api_worker.transports.rabbitmq._errors import settle_errors, setup_error
 from async_task_api_worker.transports.rabbitmq.acks import ChannelSettles, Settle
+from async_task_api_worker.transports.rabbitmq.control import listen_for_cancels
 from async_task_api_worker.transports.rabbitmq.link import BrokerLink
 from async_task_api_worker.transports.rabbitmq.reports import ReportPublisher, ReportTrail
-from async_task_api_worker.transports.rabbitmq.control import listen_for_cancels
 from async_task_api_worker.transports.rabbitmq.topology import declare_queue, queue_type
 
 __all__ = ["RabbitMQTransport"]
