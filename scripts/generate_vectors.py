@@ -1108,16 +1108,7 @@ def _entry(
 
 def _properties(properties: MessageProperties) -> dict[str, Any]:
     """The AMQP properties a vector records (``timestamp`` in seconds)."""
-    return {
-        "content_type": properties.content_type,
-        "content_encoding": properties.content_encoding,
-        "delivery_mode": properties.delivery_mode,
-        "message_id": properties.message_id,
-        "correlation_id": properties.correlation_id,
-        "type": properties.type,
-        "timestamp": properties.timestamp_s,
-        "app_id": properties.app_id,
-    }
+    return dict(properties.recorded())
 
 
 def _report_files(number: int, case: ReportCase) -> tuple[dict[str, bytes], dict[str, Any]]:

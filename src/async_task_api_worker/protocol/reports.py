@@ -181,6 +181,22 @@ class MessageProperties:
     delivery_mode: int = 2
     headers: dict[str, str] = field(default_factory=dict, compare=False)
 
+    def recorded(self) -> dict[str, str | int]:
+        """The properties as the golden vectors record them (``timestamp`` in seconds).
+
+        The headers are left out: they carry a trace context, which no vector pins.
+        """
+        return {
+            "content_type": self.content_type,
+            "content_encoding": self.content_encoding,
+            "delivery_mode": self.delivery_mode,
+            "message_id": self.message_id,
+            "correlation_id": self.correlation_id,
+            "type": self.type,
+            "timestamp": self.timestamp_s,
+            "app_id": self.app_id,
+        }
+
 
 @dataclass(frozen=True, slots=True)
 class EncodedReport:
