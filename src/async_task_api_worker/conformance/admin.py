@@ -38,18 +38,25 @@ class Admin:
 
     async def _call(self, *arguments: str) -> str:
         argv = [*shlex.split(self.command), *arguments]
-        process = await asyncio.create_subprocess_exec(
-            *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
-        )
+        try:
+            process = await asyncio.create_subprocess_exec(
+                *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+            )
+        except OSError as exc:  # not found, not executable
+            raise AdminError(f"cannot run {argv[0]!r}: {exc.strerror or exc}") from exc
         out, err = await process.communicate()
         if process.returncode != 0:
             last = (err or out).decode(errors="replace").strip().splitlines()[-1:] or [""]
             raise AdminError(f"{' '.join(argv[-len(arguments) :])} failed: {last[0][:200]}")
         return out.decode(errors="replace")
 
-    async def hold_full(self, queue: str) -> None:
-        """Make ``queue`` refuse every publish (``max-length`` 0, ``reject-publish``)."""
-        definition = json.dumps({"max-length": 0, "overflow": "reject-publish"})
+    async def hold_after_one(self, queue: str, *, quorum: bool) -> None:
+        """Make the empty ``queue`` take one more message, then refuse every publish.
+
+        ``reject-publish`` under a ``max-length``: a classic queue refuses a publish that would
+        take it past the limit (so 1), a quorum queue one that comes once it is over (so 0).
+        """
+        definition = json.dumps({"max-length": 0 if quorum else 1, "overflow": "reject-publish"})
         await self._call(
             "set_policy",
             "-p",
@@ -62,6 +69,13 @@ class Admin:
             f"^{re.escape(queue)}$",
             definition,
         )
+
+    async def holding(self, queue: str) -> bool:
+        """Whether the hold policy is in force on ``queue`` (``list_queues ... policy``)."""
+        out = await self._call(
+            "list_queues", "-q", "--no-table-headers", "-p", self.vhost, "name", "policy"
+        )
+        return any(line.split("\t")[:2] == [queue, HOLD_POLICY] for line in out.splitlines())
 
     async def release(self) -> None:
         """Remove the hold (a no-op when there is none)."""

@@ -92,7 +92,8 @@ def check_encoding(
         seconds = int(datetime.fromisoformat(stamp).timestamp())
         found.expect(
             props.get("timestamp") == seconds,
-            f"{label}: AMQP timestamp {props.get('timestamp')} is not {seconds}",
+            f"{label}: AMQP timestamp {props.get('timestamp')} is not {seconds} (whole seconds "
+            f"since the epoch, not milliseconds)",
         )
     message_id = str(props.get("message_id"))
     head, _, seq = message_id.rpartition("/")

@@ -6,6 +6,7 @@ See ``conformance.case`` for what a case is; docs/protocol.md for the rules.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Awaitable, Callable
 
@@ -91,8 +92,10 @@ async def acknowledgement(wire: Wire, setup: Setup, found: Findings) -> None:
     """The input stays unacked while its terminal report is withheld, and is acked after it.
 
     docs/protocol.md, "Ordering and duplicates": the ack follows the terminal report's
-    confirm. The output queue is held full (``reject-publish``) while the task runs; the
-    vhost's unacked deliveries are read from the broker's channels (``Admin.unacked``).
+    confirm, not ``started``'s. The output queue takes one report and refuses the next (a
+    ``max-length`` policy with ``reject-publish``), so ``started`` gets in and the terminal
+    report does not; the vhost's unacked deliveries are read from the broker's channels
+    (``Admin.unacked``).
     """
     admin = setup.admin
     if admin is None:
@@ -100,30 +103,35 @@ async def acknowledgement(wire: Wire, setup: Setup, found: Findings) -> None:
     tid = task_id(setup, "acknowledgement", 1)
     try:
         await wire.pause_reports()
-        await admin.hold_full(wire.out_queue)
-        if not await _until(wire.out_queue_refuses, wire.timeout_s):
+        await admin.hold_after_one(wire.out_queue, quorum=await wire.out_queue_is_quorum())
+        if not await _until(lambda: admin.holding(wire.out_queue), wire.timeout_s):
             raise Skip("the broker did not apply the hold policy in time")
         await wire.publish(envelope(setup, tid, {"behaviour": "succeed"}), message_id=tid)
-        taken = await _until(lambda: _none_ready(wire), wire.timeout_s)
-        found.expect(taken, "the worker did not take the task while its reports were refused")
+        started = await _until(lambda: _reports_waiting(wire, 1), wire.timeout_s)
+        found.expect(started, "no report got into the output queue while it took one")
         await asyncio.sleep(HOLD_S)
         ready, unacked = await wire.ready(), await admin.unacked()
         found.expect(
             unacked >= 1 and ready == 0,
-            f"while the terminal report was refused for {HOLD_S:.0f} s the input was "
-            f"{'acked' if unacked == 0 and ready == 0 else 'given back'} "
+            f"while the terminal report was refused for {HOLD_S:.0f} s (started in) the input "
+            f"was {'acked' if unacked == 0 and ready == 0 else 'given back'} "
             f"(ready {ready}, unacked {unacked})",
         )
     except AdminError as exc:
         raise Skip(f"the operator tool failed: {exc}") from exc
     finally:
-        await admin.release()
+        with contextlib.suppress(AdminError):
+            await admin.release()
         await wire.resume_reports()
     reports = await wire.wait_terminal(tid)
     one_success(found, tid, reports, "once the output queue took reports again")
     settled = await _until(lambda: _settled(wire, admin), wire.timeout_s)
     found.expect(settled, "the input was not acked after its terminal report")
-    found.notes.append(f"held {HOLD_S:.0f} s: {kinds(reports)} after the release")
+    found.notes.append(f"held {HOLD_S:.0f} s after started: {kinds(reports)} after the release")
+
+
+async def _reports_waiting(wire: Wire, count: int) -> bool:
+    return await wire.waiting_reports() >= count
 
 
 async def _none_ready(wire: Wire) -> bool:

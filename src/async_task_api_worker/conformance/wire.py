@@ -36,7 +36,7 @@ from aio_pika.abc import (
     AbstractIncomingMessage,
     AbstractQueue,
 )
-from aio_pika.exceptions import AMQPError, DeliveryError
+from aio_pika.exceptions import AMQPError
 
 from async_task_api_worker.transports.rabbitmq.topology import queue_type
 
@@ -54,7 +54,8 @@ class Seen:
         body: the exact bytes.
         document: the body read as JSON (``None`` when it is not a JSON object).
         properties: the AMQP properties the protocol names (``content_type``, ``message_id``...;
-            ``timestamp`` in whole seconds since the epoch, ``None`` when absent).
+            ``timestamp`` in seconds since the epoch, a fraction when the worker wrote
+            milliseconds, ``None`` when absent).
         at: when it arrived, on the kit's monotonic clock, in seconds.
     """
 
@@ -91,7 +92,9 @@ def _read(message: AbstractIncomingMessage) -> Seen:
             "message_id": message.message_id,
             "correlation_id": message.correlation_id,
             "type": message.type,
-            "timestamp": None if stamp is None else int(stamp.timestamp()),
+            # The AMQP client reads a value past the year 2106 as milliseconds and divides it:
+            # what reads back with a fraction was not whole seconds.
+            "timestamp": None if stamp is None else stamp.timestamp(),
             "app_id": message.app_id,
         },
         at=time.monotonic(),
@@ -217,20 +220,18 @@ class Wire:
         if self._out is not None and self._reading is None:
             self._reading = await self._out.consume(self._on_report, no_ack=True)
 
-    async def out_queue_refuses(self) -> bool:
-        """Publish a message of the kit's own to the output queue; whether it was refused.
+    async def out_queue_is_quorum(self) -> bool:
+        """Whether the output queue is a quorum queue (its length limit works differently)."""
+        return await queue_type(self.connection, self.out_queue) == "quorum"
 
-        A quorum queue refuses publishes once it is over its length limit, not when it reaches
-        it: the first such message under a ``max-length`` of 0 is taken, the next refused.
-        """
-        if self._channel is None:
-            raise RuntimeError("Wire.open() was not awaited")
-        filler = aio_pika.Message(b'{"conformance_kit":"filler"}')
+    async def waiting_reports(self) -> int:
+        """The messages waiting in the output queue (while the kit does not read it)."""
+        channel = await self.connection.channel()
         try:
-            await self._channel.default_exchange.publish(filler, routing_key=self.out_queue)
-        except DeliveryError:
-            return True
-        return False
+            declared = await channel.declare_queue(self.out_queue, passive=True)
+            return int(declared.declaration_result.message_count or 0)
+        finally:
+            await channel.close()
 
     async def ready(self) -> int:
         """The input queue's messages ready for delivery (AMQP ``queue.declare-ok``)."""

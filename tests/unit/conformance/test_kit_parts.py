@@ -169,8 +169,11 @@ async def test_unacked_sums_the_vhosts_channels_only(tmp_path: Path) -> None:
 
 async def test_the_hold_policy_is_scoped_to_the_vhost_and_the_one_queue(tmp_path: Path) -> None:
     admin = Admin(_fake_rabbitmqctl(tmp_path, ""), "v1")
-    await admin.hold_full("svc_queue.out")
+    await admin.hold_after_one("svc_queue.out", quorum=True)
+    await admin.hold_after_one("svc_queue.out", quorum=False)
     call = (tmp_path / "calls").read_text()
+    assert '"max-length": 0' in call.splitlines()[0]
+    assert '"max-length": 1' in call.splitlines()[1]
     assert "set_policy -p v1" in call
     assert r"^svc_queue\.out$" in call
     assert '"overflow": "reject-publish"' in call
@@ -181,6 +184,12 @@ async def test_a_failing_rabbitmqctl_is_an_admin_error_naming_its_last_line(
 ) -> None:
     admin = Admin(_fake_rabbitmqctl(tmp_path, "first\\nError: no such vhost", code=2), "v1")
     with pytest.raises(AdminError, match="no such vhost"):
+        await admin.unacked()
+
+
+async def test_a_rabbitmqctl_that_cannot_run_is_an_admin_error(tmp_path: Path) -> None:
+    admin = Admin(str(tmp_path / "missing" / "rabbitmqctl"), "v1")
+    with pytest.raises(AdminError, match="cannot run"):
         await admin.unacked()
 
 
