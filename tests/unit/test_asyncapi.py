@@ -6,6 +6,7 @@ import io
 import json
 import sys
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ from async_task_api_worker import Worker
 from async_task_api_worker.asyncapi import asyncapi_document
 from async_task_api_worker.cli import main
 from async_task_api_worker.errors import ConfigError, NoTaskError
+from async_task_api_worker.protocol.cancel import encode_cancel
 from async_task_api_worker.protocol.codes import RESERVED_ERROR_CODES, ErrorCode
 from async_task_api_worker.protocol.schemas import load_schema
 from async_task_api_worker.settings import WorkerSettings, load_settings
@@ -69,6 +71,7 @@ def test_the_queues_are_the_channels_with_their_amqp_bindings(document: dict[str
     assert binding["bindingVersion"] == "0.3.0"
     assert list(channels["input"]["messages"]) == ["envelope"]
     assert list(channels["output"]["messages"]) == REPORTS
+    assert list(channels) == ["input", "output", "control"]
 
 
 def test_the_queue_names_come_from_the_settings_when_set() -> None:
@@ -157,6 +160,93 @@ def test_each_report_has_its_headers_and_amqp_properties(
     assert (
         message["summary"] == load_schema("report")["$defs"][schema]["description"].split("\n")[0]
     )
+
+
+def test_the_control_exchange_is_a_channel_with_its_amqp_binding(document: dict[str, Any]) -> None:
+    control = document["channels"]["control"]
+    # A routingKey channel's address is the routing key, which a fanout ignores: empty, as
+    # this SDK's clients publish.
+    assert control["address"] == ""
+    assert control["title"] == "count-words_control"
+    assert control["messages"] == {"cancel": {"$ref": "#/components/messages/cancel"}}
+    assert control["bindings"]["amqp"] == {
+        "is": "routingKey",
+        "exchange": {
+            "name": "count-words_control",
+            "type": "fanout",
+            "durable": True,
+            "autoDelete": False,
+        },
+        "bindingVersion": "0.3.0",
+    }
+    assert "from the exchange count-words_control" in document["info"]["description"]
+
+
+def test_the_control_exchange_name_comes_from_the_settings_when_set() -> None:
+    document = asyncapi_document(count_words, settings(control_exchange_name="ops.cancels"))
+    control = document["channels"]["control"]
+    assert control["title"] == "ops.cancels"
+    assert control["bindings"]["amqp"]["exchange"]["name"] == "ops.cancels"
+    assert "from the exchange ops.cancels" in document["info"]["description"]
+    # The queues keep their own names.
+    assert document["channels"]["input"]["address"] == "count-words_queue_in"
+
+
+def test_the_cancel_message_has_its_payload_and_the_properties_a_client_sends(
+    document: dict[str, Any],
+) -> None:
+    message = document["components"]["messages"]["cancel"]
+    assert message["payload"] == {"$ref": "#/components/schemas/CancelRequest"}
+    assert "headers" not in message
+    assert "65,536 bytes" in message["description"]
+    assert message["correlationId"]["location"] == "$message.payload#/task_id"
+    amqp = message["bindings"]["amqp"]
+    assert (amqp["contentEncoding"], amqp["messageType"]) == ("utf-8", "cancel")
+    assert amqp["x-amqp-properties"] == {
+        "content_type": "application/json",
+        "content_encoding": "utf-8",
+        "delivery_mode": 1,
+        "message_id": "<task_id>/cancel",
+        "correlation_id": "<task_id>",
+        "type": "cancel",
+        "timestamp": "<the request's timestamp, whole seconds since the Unix epoch, rounded down>",
+        "app_id": "<client_id>",
+    }
+    # What a client publishes, filled in (vector cancels/001).
+    _, sent = encode_cancel("t-0001", "client-a", datetime(2026, 11, 29, 22, 48, 46, tzinfo=UTC))
+    filled = {
+        name: value.replace("<task_id>", "t-0001").replace("<client_id>", "client-a")
+        if isinstance(value, str)
+        else value
+        for name, value in amqp["x-amqp-properties"].items()
+    }
+    assert (filled["message_id"], filled["correlation_id"]) == (
+        sent.message_id,
+        sent.correlation_id,
+    )
+    assert (filled["type"], filled["app_id"]) == (sent.type, sent.app_id)
+    assert (filled["content_type"], filled["content_encoding"], filled["delivery_mode"]) == (
+        sent.content_type,
+        sent.content_encoding,
+        sent.delivery_mode,
+    )
+    schema, protocol = document["components"]["schemas"]["CancelRequest"], load_schema("cancel")
+    assert "$id" not in schema and "$schema" not in schema
+    assert schema == {k: v for k, v in protocol.items() if k not in ("$id", "$schema")}
+    assert message["summary"] == protocol["description"].split("\n")[0]
+
+
+def test_the_worker_receives_cancels(document: dict[str, Any]) -> None:
+    receive = document["operations"]["receiveCancels"]
+    assert receive["action"] == "receive"
+    assert receive["channel"] == {"$ref": "#/channels/control"}
+    assert receive["messages"] == [{"$ref": "#/channels/control/messages/cancel"}]
+    assert receive["bindings"]["amqp"] == {"deliveryMode": 1, "bindingVersion": "0.3.0"}
+    description = receive["description"]
+    assert "a worker that does not implement cancels is still a valid v1 worker" in description
+    assert "exactly one terminal report, a failure with code TASK_CANCELLED" in description
+    assert "the task was cancelled at its client's request" in description
+    assert list(document["operations"]) == ["receiveTask", "sendReports", "receiveCancels"]
 
 
 def test_the_task_models_stand_in_the_protocol_schemas(document: dict[str, Any]) -> None:
@@ -249,7 +339,7 @@ def test_each_call_gives_a_fresh_document() -> None:
 @pytest.fixture
 def at_repo(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
     monkeypatch.chdir(REPO)
-    for variable in ("IN_QUEUE_NAME", "OUT_QUEUE_NAME", "LOG_LEVEL"):
+    for variable in ("IN_QUEUE_NAME", "OUT_QUEUE_NAME", "CONTROL_EXCHANGE_NAME", "LOG_LEVEL"):
         monkeypatch.delenv(variable, raising=False)
     return monkeypatch
 
@@ -264,14 +354,16 @@ def test_the_command_prints_the_document_as_indented_json(
     assert json.loads(captured.out) == asyncapi_document(count_words, settings())
 
 
-def test_the_command_reads_the_queue_names_from_the_environment(
+def test_the_command_reads_the_queue_and_exchange_names_from_the_environment(
     at_repo: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     at_repo.setenv("IN_QUEUE_NAME", "words_in")
+    at_repo.setenv("CONTROL_EXCHANGE_NAME", "words_control")
     assert main(["asyncapi", "examples.count_words:worker"]) == 0
     channels = json.loads(capsys.readouterr().out)["channels"]
     assert channels["input"]["address"] == "words_in"
     assert channels["output"]["address"] == "count-words_queue_out"
+    assert channels["control"]["bindings"]["amqp"]["exchange"]["name"] == "words_control"
 
 
 @pytest.mark.parametrize(
@@ -320,7 +412,7 @@ def test_a_closed_stdout_exits_1(at_repo: pytest.MonkeyPatch) -> None:
 
 
 def test_the_draft_07_rewrite_keeps_a_tuples_rest_and_drops_an_unnamed_discriminator() -> None:
-    from async_task_api_worker.asyncapi import _draft07
+    from async_task_api_worker.asyncapi.schemas import draft07 as _draft07
 
     rewritten = _draft07(
         {

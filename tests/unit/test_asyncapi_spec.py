@@ -64,6 +64,9 @@ def test_the_example_document_is_valid_asyncapi_3(
     schemas = example_document["components"]["schemas"]
     assert "text" in schemas["task.Input"]["properties"]
     assert "words" in schemas["task.Output"]["properties"]
+    assert example_document["channels"]["control"]["bindings"]["amqp"]["is"] == "routingKey"
+    assert "cancel" in example_document["components"]["messages"]
+    assert "receiveCancels" in example_document["operations"]
     failure = example_document["components"]["messages"]["failure"]
     assert failure["x-error-codes"]["EMPTY_TEXT"] == {
         "reserved": False,
@@ -91,6 +94,14 @@ def _exchange_binding_without_exchange(document: dict[str, Any]) -> None:
     document["channels"]["input"]["bindings"]["amqp"]["is"] = "routingKey"
 
 
+def _a_control_exchange_of_an_unknown_type(document: dict[str, Any]) -> None:
+    document["channels"]["control"]["bindings"]["amqp"]["exchange"]["type"] = "x-fanout"
+
+
+def _a_cancel_property_amqp_has_no_field_for(document: dict[str, Any]) -> None:
+    document["components"]["messages"]["cancel"]["bindings"]["amqp"]["deliveryMode"] = 1
+
+
 def _a_schema_that_is_not_one(document: dict[str, Any]) -> None:
     document["components"]["schemas"]["task.Input"]["properties"]["text"]["type"] = 3
 
@@ -104,6 +115,8 @@ def _an_asyncapi_2_verb(document: dict[str, Any]) -> None:
     [
         _without_version,
         _exchange_binding_without_exchange,
+        _a_control_exchange_of_an_unknown_type,
+        _a_cancel_property_amqp_has_no_field_for,
         _a_schema_that_is_not_one,
         _an_asyncapi_2_verb,
     ],

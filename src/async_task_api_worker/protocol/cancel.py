@@ -40,9 +40,13 @@ from async_task_api_worker.protocol.reports import (
 __all__ = [
     "CANCEL_DELIVERY_MODE",
     "CANCEL_TYPE",
+    "CONTROL_EXCHANGE_AUTO_DELETE",
+    "CONTROL_EXCHANGE_DURABLE",
+    "CONTROL_EXCHANGE_TYPE",
     "MAX_CANCEL_BYTES",
     "TASK_CANCELLED_MESSAGE",
     "CancelRequest",
+    "cancel_message_id",
     "decode_cancel",
     "encode_cancel",
 ]
@@ -61,6 +65,13 @@ CANCEL_TYPE: Final = "cancel"
 #: disk would only cost. What does outlive a restart is the task's own delivery, which is then
 #: delivered again and runs again: its client must cancel again (docs/protocol.md).
 CANCEL_DELIVERY_MODE: Final = 1
+
+#: How workers and clients alike declare the control exchange (with no arguments): a fanout,
+#: durable (a client may cancel before any worker started), not auto-delete. A declare with
+#: other flags fails with ``PRECONDITION_FAILED`` (docs/protocol.md, "Cancelling a task").
+CONTROL_EXCHANGE_TYPE: Final = "fanout"
+CONTROL_EXCHANGE_DURABLE: Final = True
+CONTROL_EXCHANGE_AUTO_DELETE: Final = False
 
 #: The ``error.message`` of every ``failure TASK_CANCELLED`` (vector ``reports/034``).
 TASK_CANCELLED_MESSAGE: Final = "the task was cancelled at its client's request"
@@ -121,6 +132,11 @@ class CancelRequest(BaseModel):
 _CANCEL_NAMES = model_field_names(CancelRequest)
 
 
+def cancel_message_id(task_id: str) -> str:
+    """The AMQP ``message_id`` of a cancel request for ``task_id``: ``<task_id>/cancel``."""
+    return f"{task_id}/{CANCEL_TYPE}"
+
+
 def encode_cancel(
     task_id: str, client_id: str, moment: datetime
 ) -> tuple[bytes, MessageProperties]:
@@ -161,7 +177,7 @@ def encode_cancel(
     # Flat strings and an integer: nothing for check_tree to refuse.
     body = canonical_dumps(document, tree_checked=True)
     properties = MessageProperties(
-        message_id=f"{request.task_id}/cancel",
+        message_id=cancel_message_id(request.task_id),
         correlation_id=request.task_id,
         type=CANCEL_TYPE,
         timestamp_s=math.floor(request.requested_at.timestamp()),

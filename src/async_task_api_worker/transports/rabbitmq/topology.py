@@ -17,6 +17,12 @@ import aiormq
 from aio_pika import ExchangeType
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractExchange, AbstractQueue
 
+from async_task_api_worker.protocol.cancel import (
+    CONTROL_EXCHANGE_AUTO_DELETE,
+    CONTROL_EXCHANGE_DURABLE,
+    CONTROL_EXCHANGE_TYPE,
+)
+
 __all__ = ["declare_control_exchange", "declare_queue", "inequivalent_argument", "queue_type"]
 
 _logger = logging.getLogger("async_task_api_worker.transports.rabbitmq")
@@ -79,6 +85,9 @@ async def declare_queue(channel: AbstractChannel, name: str) -> AbstractQueue:
 async def declare_control_exchange(channel: AbstractChannel, name: str) -> AbstractExchange:
     """Declare the cancel requests' exchange ``name``: fanout, durable, not auto-delete, no args.
 
+    The flags are ``protocol.cancel``'s (``CONTROL_EXCHANGE_*``), which the AsyncAPI document
+    states too.
+
     Workers and clients both declare it, with exactly these flags, so that whichever comes first
     makes it and the other's declare agrees (a declare with other flags would fail with
     ``PRECONDITION_FAILED`` and close the channel). Durable, so that a client may cancel before
@@ -89,7 +98,12 @@ async def declare_control_exchange(channel: AbstractChannel, name: str) -> Abstr
             other flags.
         aiormq.exceptions.ChannelAccessRefused: the user may not configure it.
     """
-    return await channel.declare_exchange(name, ExchangeType.FANOUT, durable=True)
+    return await channel.declare_exchange(
+        name,
+        ExchangeType(CONTROL_EXCHANGE_TYPE),
+        durable=CONTROL_EXCHANGE_DURABLE,
+        auto_delete=CONTROL_EXCHANGE_AUTO_DELETE,
+    )
 
 
 async def queue_type(connection: AbstractConnection, name: str) -> str:
