@@ -82,7 +82,8 @@ class Admin:
         try:
             await self._call("clear_policy", "-p", self.vhost, HOLD_POLICY)
         except AdminError as exc:
-            if "not found" not in str(exc).lower():
+            # 3.10 and 4.0 say "Parameter does not exist"; older ones "not found".
+            if not any(words in str(exc).lower() for words in ("not found", "does not exist")):
                 raise
 
     async def unacked(self) -> int:

@@ -106,7 +106,8 @@ async def run_battery(battery: Battery) -> list[Verdict]:
     """Run the cases against the worker, in order.
 
     A worker that does not answer the first case (``round_trip``) fails it, and the cases
-    after it are skipped rather than timed out one by one.
+    after it are skipped rather than timed out one by one; so are the cases after the worker
+    stopped consuming or the broker connection was lost.
 
     Raises:
         ConnectionError: the broker cannot be reached.
@@ -124,17 +125,18 @@ async def run_battery(battery: Battery) -> list[Verdict]:
     wire = await Wire.open(battery.url, battery.in_queue, battery.out_queue, battery.timeout_s)
     verdicts: list[Verdict] = []
     async with wire:
-        silent = False
+        why: str | None = None
         for case in cases:
-            if silent:
-                why = "the worker did not answer the round trip"
+            why = why or await wire.worker_gone()
+            if why is not None:
                 verdicts.append(Verdict(case.name, case.checks, Outcome.SKIP, (why,), 0.0))
                 continue
             verdict = await _run_case(case, wire, battery.setup)
             verdicts.append(verdict)
-            silent = case.name == "round_trip" and any(
+            if case.name == "round_trip" and any(
                 line.startswith("no report") for line in verdict.seen
-            )
+            ):
+                why = "the worker did not answer the round trip"
     return verdicts
 
 

@@ -34,7 +34,7 @@ _TRICKY_OUTPUT: Final[dict[str, Any]] = {
     "e": 1.2345e-07,
     "big": 12345678901234567890,
     "f": 2500.0,
-    "s": 'quote " backslash \\ nl \n tab \t ctl \u0001 del \u007f ls \u2028 / é 😀',
+    "s": 'quote " backslash \\ nl \n tab \t ctl \u0001 vt \u000b del \u007f ls \u2028 / é 😀',
     "\uff5a": "fullwidth z sorts before the emoji",
     "\U0001f600": "emoji",
     "n": None,
@@ -85,6 +85,9 @@ def check_encoding(
     }
     for name, value in expected.items():
         found.expect(props.get(name) == value, f"{label}: {name} is {props.get(name)!r}")
+    found.expect(
+        document.get("service") == service, f"{label}: service is {document.get('service')!r}"
+    )
     stamp = document.get("timestamp")
     if isinstance(stamp, str) and found.expect(
         re.match(TIMESTAMP_PATTERN, stamp) is not None, f"{label}: timestamp {stamp!r}"
@@ -138,6 +141,11 @@ async def encoding(wire: Wire, setup: Setup, found: Findings) -> None:
     for tid, task_input in tasks.items():
         reports = await wire.wait_terminal(tid)
         found.expect(terminal(reports) is not None, f"{tid}: no terminal report")
+        if task_input["behaviour"] == "progress":
+            # The first update of an attempt has nothing to wait for: it is always published.
+            found.expect(
+                any(seen.type == "progress" for seen in reports), f"{tid}: no progress report"
+            )
         last: tuple[int, int] | None = None
         for seen in reports:
             count += 1
@@ -200,6 +208,7 @@ async def order(wire: Wire, setup: Setup, found: Findings) -> None:
         if not found.expect(bool(reports), f"{tid}: no report"):
             continue
         found.expect(types[0] == "started", f"{tid}: the first report is {types[0]}")
+        found.expect(types.count("started") == 1, f"{tid}: {types.count('started')} started")
         terminals = [i for i, seen in enumerate(reports) if seen.terminal]
         if not found.expect(len(terminals) == 1, f"{tid}: {len(terminals)} terminal reports"):
             continue

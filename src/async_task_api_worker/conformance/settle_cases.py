@@ -55,6 +55,19 @@ async def retries(wire: Wire, setup: Setup, found: Findings) -> None:
         f"saw {kinds(reports)} at attempts {attempts}",
     )
 
+    # A producer must not set x-delivery-count, and a first delivery is attempt 1 whatever it
+    # says (RabbitMQ 3.10 passes a producer's own header through on a first delivery).
+    forged = task_id(setup, "retries", 4)
+    body = envelope(setup, forged, {"behaviour": "succeed"})
+    await wire.publish(body, message_id=forged, headers={"x-delivery-count": limit + 2})
+    reports = await wire.wait_terminal(forged)
+    attempts = [(seen.document or {}).get("attempt") for seen in reports]
+    found.expect(
+        [seen.type for seen in reports] == ["started", "success"] and attempts == [1, 1],
+        f"a first delivery carrying a forged x-delivery-count of {limit + 2}: expected started "
+        f"and success at attempt 1, saw {kinds(reports)} at attempts {attempts}",
+    )
+
     abandoned = task_id(setup, "retries", 2)
     await wire.borrow(envelope(setup, abandoned, {"behaviour": "succeed"}), abandoned, limit)
     reports = await wire.wait_terminal(abandoned)

@@ -170,6 +170,30 @@ class Wire:
                     await probe.close()
             if name == self.in_queue and not declared.declaration_result.consumer_count:
                 return f"nothing consumes {name!r}"
+            if name == self.out_queue and declared.declaration_result.consumer_count:
+                raise LookupError(
+                    f"{name!r} has a consumer already (another kit, a client?): the kit must be "
+                    f"its only reader"
+                )
+        return None
+
+    async def worker_gone(self) -> str | None:
+        """Why the worker cannot be tested any more (the broker or its consumer gone), or None."""
+        if self.connection.is_closed:
+            return "the kit lost its connection to the broker"
+        try:
+            probe = await self.connection.channel()
+        except Exception as exc:
+            return f"the kit cannot open a channel ({type(exc).__name__})"
+        try:
+            declared = await probe.declare_queue(self.in_queue, passive=True)
+        except Exception as exc:
+            return f"{self.in_queue!r} cannot be read ({type(exc).__name__})"
+        finally:
+            if not probe.is_closed:
+                await probe.close()
+        if not declared.declaration_result.consumer_count:
+            return f"nothing consumes {self.in_queue!r} any more: the worker stopped"
         return None
 
     async def close(self) -> None:
@@ -193,8 +217,13 @@ class Wire:
         """The reports of ``task_id`` so far, in their order of arrival."""
         return list(self._reports.get(task_id, ()))
 
-    async def publish(self, body: bytes, *, message_id: str | None = None) -> None:
+    async def publish(
+        self, body: bytes, *, message_id: str | None = None, headers: dict[str, Any] | None = None
+    ) -> None:
         """Publish ``body`` to the input queue as a producer does (persistent, confirmed).
+
+        ``headers``: AMQP headers, for a producer that sets what it must not (a forged
+        ``x-delivery-count``).
 
         Raises:
             aio_pika.exceptions.DeliveryError: the broker refused it (too large, a full queue).
@@ -206,6 +235,7 @@ class Wire:
             content_type="application/json",
             delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
             message_id=message_id,
+            headers=headers,
         )
         await self._channel.default_exchange.publish(message, routing_key=self.in_queue)
 
