@@ -142,7 +142,7 @@ async def encoding(wire: Wire, setup: Setup, found: Findings) -> None:
         reports = await wire.wait_terminal(tid)
         found.expect(terminal(reports) is not None, f"{tid}: no terminal report")
         if task_input["behaviour"] == "progress":
-            # The first update of an attempt has nothing to wait for: it is always published.
+            # A held update goes out before the terminal report: one at least is published.
             found.expect(
                 any(seen.type == "progress" for seen in reports), f"{tid}: no progress report"
             )
