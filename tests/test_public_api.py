@@ -24,6 +24,7 @@ def test_the_package_exports_exactly_its_public_names() -> None:
             "RetryableError",
             "SettingsError",
             "SyncTaskContext",
+            "TaskCancelledError",
             "TaskContext",
             "Worker",
             "WorkerSettings",

@@ -14,6 +14,7 @@ from async_task_api_worker.errors import (
     FatalError,
     RetryableError,
     SettingsError,
+    TaskCancelledError,
 )
 from async_task_api_worker.settings import WorkerSettings
 
@@ -25,6 +26,8 @@ __all__ = [
     # failing a task on purpose
     "FatalError",
     "RetryableError",
+    # a cancelled def handler unwinding (ctx.raise_if_cancelled)
+    "TaskCancelledError",
     # the error root and misuse
     "AsyncTaskWorkerError",
     "ConfigError",

@@ -204,7 +204,7 @@ class TaskClient:
             await self._producer.publish(body, message_id=task_id, headers=headers)
         return task_id
 
-    async def cancel(self, task_id: str) -> None:
+    async def cancel(self, task_id: str) -> bool:
         """Ask the service's workers to cancel ``task_id``, and wait for the broker's confirm.
 
         Publishes one cancel request (docs/protocol.md, "Cancelling a task"), from this
@@ -215,6 +215,10 @@ class TaskClient:
         implement cancels, or a task that concluded first, still ends as it would have, so
         keep reading the task's reports for its outcome.
 
+        Returns:
+            Whether any worker was bound to the exchange to receive it (``False``: a wrong
+            service name, or no worker running or connected at that moment).
+
         Raises:
             ValueError: ``task_id`` (or this client's id) breaks the id pattern.
             BrokerRefusedError: the broker refused the exchange (permissions, or it exists
@@ -223,7 +227,7 @@ class TaskClient:
                 connected.
         """
         body, properties = encode_cancel(task_id, self.client_id, datetime.now(UTC))
-        await self._producer.publish_cancel(body, properties)
+        return await self._producer.publish_cancel(body, properties)
 
     def span_attributes(self, delivery: None) -> Mapping[str, str]:
         """The input queue, for the ``send`` span of :meth:`submit` (``observability.tracing``)."""

@@ -75,14 +75,23 @@ class CancelBook:
         return token
 
     def finish(self, task_id: str, token: CancelToken, *, concluded: bool) -> None:
-        """End the run of ``token``; ``concluded``: the task got its terminal report here."""
+        """End the run of ``token``; ``concluded``: the task got its terminal report here.
+
+        A cancelled run that did not conclude (its delivery went back to the queue: a retry, a
+        ``TASK_CANCELLED`` report the broker would not take, a shutdown) leaves its cancel
+        remembered, so that the task's next delivery here concludes without running.
+        """
         tokens = self._running.get(task_id, [])
         if token in tokens:
             tokens.remove(token)
         if not tokens:
             self._running.pop(task_id, None)
-        if concluded and self._memory:
+        if not self._memory:
+            return
+        if concluded:
             self._keep(self._finished, task_id)
+        elif token.cancelled:
+            self._keep(self._remembered, task_id)
 
     def _fresh(self, book: OrderedDict[str, float], task_id: str) -> bool:
         """Whether ``task_id`` is in ``book`` and not expired (expired entries are dropped)."""
@@ -102,7 +111,8 @@ class CancelBook:
 
 
 _WORDS: Final = {
-    CancelResult.RUNNING: "the running task is stopped and concludes TASK_CANCELLED",
+    CancelResult.RUNNING: "it runs here: it is stopped and concludes TASK_CANCELLED, unless it "
+    "concluded first",
     CancelResult.REMEMBERED: "not running here; remembered, in case its delivery comes",
     CancelResult.FINISHED: "it finished here already; its terminal report stands",
     CancelResult.NOT_REMEMBERED: "not running here, and WORKER_CANCEL_MEMORY=0: forgotten",
@@ -155,10 +165,15 @@ class Cancels:
             request = decode_cancel(body)
         except CancelDecodeError as exc:
             _logger.warning(
-                "A cancel request was refused (%s): %s",
+                "A cancel request was refused (%s)%s: %s",
                 exc.reason,
+                "" if exc.task_id is None else f" for task {exc.task_id}",
                 exc,
-                extra={"service": self._service, "cancel_result": CancelResult.MALFORMED.value},
+                extra={
+                    "service": self._service,
+                    "cancel_result": CancelResult.MALFORMED.value,
+                    "task_id": exc.task_id,
+                },
             )
             self._notify(CancelRequested(CancelResult.MALFORMED.value))
             return CancelResult.MALFORMED

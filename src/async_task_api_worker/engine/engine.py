@@ -4,8 +4,7 @@ The engine admits the delivery (``engine.admission``: the envelope, the attempt 
 delivery limit, the input), publishes ``started``, runs the handler through an executor under
 its timeout (the executor concludes it: ``task_call``), publishes the terminal report, and
 settles the delivery (``engine.settlement``): every delivery exactly once, with one decision
-line. A task is acked only after its terminal report is confirmed (publisher
-confirms); a report that is not confirmed leaves the delivery requeued.
+line. A task is acked only after its terminal report is confirmed (publisher confirms).
 
 It learns of a shutdown through a :class:`StopSignal` argument, never from signals, and imports
 no transport: the runtime (or the test harness) hands it one.
@@ -22,7 +21,6 @@ from dataclasses import replace
 from datetime import UTC, datetime
 
 from async_task_api_worker.conclusion import Conclusion, Failure, HandedOff
-from async_task_api_worker.context import ProgressDropReason
 from async_task_api_worker.definition import Worker
 from async_task_api_worker.engine.admission import (
     UNKNOWN_COUNT_LIMIT,
@@ -324,7 +322,7 @@ class Engine:
         throttle = ProgressThrottle(
             interval_s=self._settings.worker_progress_min_interval_s,
             publish=run.publish_progress,
-            on_drop=self._progress_dropped,
+            on_drop=lambda reason: self._notify(ProgressDropped(reason.value)),
             clock=self._monotonic,
         )
         request = ExecutionRequest(
@@ -368,20 +366,25 @@ class Engine:
             )
         if isinstance(result, HandedOff):
             return Verdict(Outcome.DETACHED, Action.ACK)  # the hand-off is the durable receipt
-        return await self._conclude(run, result, stop)
+        return await self._conclude(run, result, stop, cancel)
 
     async def _conclude(
-        self, run: DeliveryReporter, conclusion: Conclusion, stop: StopSignal
+        self,
+        run: DeliveryReporter,
+        conclusion: Conclusion,
+        stop: StopSignal,
+        cancel: CancelToken | None,
     ) -> Verdict:
         if isinstance(conclusion, Failure) and conclusion.retryable and run.attempt < run.limit:
             delay_s = retry_backoff_s(
                 run.attempt, conclusion.retry_delay_s, self._settings, self._jitter()
             )
-            return await requeue_for_retry(run, conclusion, delay_s, stop, self._service)
+            verdict = await requeue_for_retry(
+                run, conclusion, delay_s, stop, cancel=cancel, service=self._service
+            )
+            # A cancel during the backoff concludes the task here, with no next attempt.
+            return await self._conclude_cancelled(run) if cancel and cancel.cancelled else verdict
         return await report_conclusion(run, conclusion)
-
-    def _progress_dropped(self, reason: ProgressDropReason) -> None:
-        self._notify(ProgressDropped(reason.value))
 
     def _notify(self, event: EngineEvent) -> None:
         for observer in self._observers:

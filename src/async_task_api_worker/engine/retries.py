@@ -15,7 +15,7 @@ from async_task_api_worker.engine.execution import StopSignal
 from async_task_api_worker.engine.reporting import DeliveryReporter
 from async_task_api_worker.engine.settlement import Verdict
 from async_task_api_worker.engine.waits import until
-from async_task_api_worker.ports import Action, Outcome
+from async_task_api_worker.ports import Action, CancelToken, Outcome
 from async_task_api_worker.settings import WorkerSettings
 
 __all__ = ["requeue_for_retry", "retry_backoff_s"]
@@ -40,9 +40,19 @@ def retry_backoff_s(
 
 
 async def requeue_for_retry(
-    run: DeliveryReporter, failure: Failure, delay_s: float, stop: StopSignal, service: str
+    run: DeliveryReporter,
+    failure: Failure,
+    delay_s: float,
+    stop: StopSignal,
+    *,
+    cancel: CancelToken | None,
+    service: str,
 ) -> Verdict:
-    """Wait ``delay_s`` seconds (a drain cuts it short), then requeue the delivery, counted."""
+    """Wait ``delay_s`` seconds, then requeue the delivery, counted.
+
+    A drain cuts the wait short, and so does the task's client's ``cancel`` (the caller then
+    concludes the task instead of requeueing it).
+    """
     if not run.count_known:
         _logger.warning(
             "The broker gives no delivery count (a classic queue?): this task gets one retry, "
@@ -50,5 +60,5 @@ async def requeue_for_retry(
             extra={"task_id": run.task_id, "service": service, "attempt": run.attempt},
         )
     if delay_s > 0:
-        await until(asyncio.sleep(delay_s), delay_s, stop.draining)
+        await until(asyncio.sleep(delay_s), delay_s, stop.draining, cancel)
     return Verdict(Outcome.RETRY, Action.NACK_REQUEUE, code=failure.code, counted=True)

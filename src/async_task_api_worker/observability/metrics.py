@@ -290,7 +290,8 @@ class WorkerMetrics:
             self.shutdown_requeued.inc()
         elif outcome is Outcome.POISON:
             self.poison.labels(_one_of(settlement.poison_reason, _POISON_REASONS)).inc()
-        if outcome in (Outcome.FAILURE, Outcome.POISON) and settlement.code is not None:
+        concluded = (Outcome.FAILURE, Outcome.POISON, Outcome.CANCELLED_BY_CLIENT)
+        if outcome in concluded and settlement.code is not None:
             self.failures.labels(self.code_label(settlement.code)).inc()
 
     def code_label(self, code: str) -> str:

@@ -188,3 +188,32 @@ def test_raise_if_cancelled_raises_only_once_cancelled() -> None:
     assert ctx.cancelled
     with pytest.raises(TaskCancelledError):
         ctx.raise_if_cancelled()
+
+
+async def test_a_cancel_during_a_retry_backoff_concludes_the_task_instead_of_a_retry() -> None:
+    from async_task_api_worker import RetryableError
+
+    worker = Worker("backoff")
+    raised = asyncio.Event()
+
+    @worker.task(timeout=5)
+    async def handle(task_input: In, ctx: TaskContext) -> Out:
+        raised.set()
+        raise RetryableError("BUSY", "try later", retry_delay_s=30)
+
+    overrides = {"worker_retry_backoff_max_s": 60}
+    async with WorkerHarness(worker, settings_overrides=overrides) as harness:
+        run = asyncio.ensure_future(harness.submit({}, task_id="t-7"))
+        await raised.wait()
+        harness.cancel("t-7")
+        result = await asyncio.wait_for(run, 10)  # not the 30 s backoff
+    result.assert_failed("TASK_CANCELLED")
+    assert result.settlement.outcome is Outcome.CANCELLED_BY_CLIENT
+
+
+def test_a_cancelled_run_that_did_not_conclude_leaves_its_cancel_remembered() -> None:
+    book = CancelBook(memory=10, memory_s=10.0, monotonic=lambda: 0.0)
+    token = book.start("a")
+    book.request("a")
+    book.finish("a", token, concluded=False)  # given back: its report could not get out
+    assert book.start("a").cancelled  # the next delivery concludes without running

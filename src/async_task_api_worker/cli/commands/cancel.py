@@ -36,12 +36,12 @@ def _check(value: str, pattern: str, what: str) -> None:
         raise TargetError(f"{what} {value!r} does not match {pattern} (docs/protocol.md)")
 
 
-async def _cancel(client: TaskClient, task_id: str) -> None:
+async def _cancel(client: TaskClient, task_id: str) -> bool:
     # No report is awaited, so no queue is declared or consumed: a cancel must not hold (and
     # give back, counted as deliveries) reports that other clients wait for.
     await client.connect(reports=False)
     try:
-        await client.cancel(task_id)
+        return await client.cancel(task_id)
     finally:
         await client.close()
 
@@ -68,9 +68,16 @@ def cancel_command(task_id: str, *, service: str, client_id: str) -> int:
     configure_logging(settings.log_level, log_format=settings.log_format, stream=sys.stderr)
     client = TaskClient.from_settings(service=service, settings=settings, client_id=client_id)
     try:
-        asyncio.run(_cancel(client, task_id))
+        reached = asyncio.run(_cancel(client, task_id))
     except TransportError as exc:  # unreachable, or not confirmed
         say_error(exc)
         return ExitCode.FAILURE
     print(f"cancel requested for {task_id} (service {service}, exchange {client.control_exchange})")
+    if not reached:
+        print(
+            f"async-task-api-worker: warning: no worker is bound to {client.control_exchange}: "
+            f"the request reached nobody (a wrong --service, or no worker running or "
+            f"connected now)",
+            file=sys.stderr,
+        )
     return ExitCode.OK

@@ -44,6 +44,8 @@ _logger = logging.getLogger("async_task_api_worker.client")
 #: How long a report of another task waits before it is given back: a consumer that gave it
 #: back at once would receive it again at once, in a loop.
 GIVE_BACK_DELAY_S: Final = 0.2
+#: The longest a cancel request waits for its confirm, in seconds.
+CANCEL_CONFIRM_S: Final = 10.0
 
 
 class ReportMessage:
@@ -187,13 +189,16 @@ class RabbitMQProducer:
                 mandatory=True,
             )
 
-    async def publish_cancel(self, body: bytes, properties: MessageProperties) -> None:
+    async def publish_cancel(self, body: bytes, properties: MessageProperties) -> bool:
         """Publish a cancel request to the control exchange and wait for the confirm.
 
         The exchange is declared (fanout, durable) before the first request, so that a cancel
-        may come before any worker started. Not ``mandatory``: a request that reaches no worker
-        (none bound at that moment) is dropped by the broker, which is not an error
-        (docs/protocol.md, "Cancelling a task").
+        may come before any worker started. ``mandatory``: a request that reaches no worker
+        (none bound at that moment) comes back, which is not an error (docs/protocol.md,
+        "Cancelling a task") but is said.
+
+        Returns:
+            Whether a worker's queue was bound to the exchange to receive it.
 
         Args:
             body: the request's bytes (``protocol.cancel.encode_cancel``).
@@ -209,25 +214,49 @@ class RabbitMQProducer:
         if name is None:
             raise PublishError("the cancel request has no control exchange to go to")
         exchange = self._control or await self._declare_control(name)
-        with publish_errors("the cancel request"):
-            await exchange.publish(
-                aio_pika.Message(
-                    body,
-                    content_type=properties.content_type,
-                    content_encoding=properties.content_encoding,
-                    delivery_mode=properties.delivery_mode,
-                    message_id=properties.message_id,
-                    correlation_id=properties.correlation_id,
-                    type=properties.type,
-                    timestamp=datetime.fromtimestamp(properties.timestamp_s, UTC),
-                    app_id=properties.app_id,
-                    headers=dict(properties.headers) if properties.headers else None,
-                ),
-                routing_key="",
-                # aio-pika's default is mandatory: a request no worker is bound for would come
-                # back as a failure, and no worker bound is a normal moment.
-                mandatory=False,
-            )
+        # Bounded: a broker that blocks publishers (a memory or disk alarm) would hold the
+        # request for as long as the alarm lasts.
+        try:
+            with publish_errors("the cancel request"):
+                return await asyncio.wait_for(
+                    self._publish_cancel(exchange, body, properties), CANCEL_CONFIRM_S
+                )
+        except TimeoutError:
+            raise PublishError(
+                f"the cancel request was not confirmed within {CANCEL_CONFIRM_S:g} s (does the "
+                f"broker block publishers: a memory or disk alarm?)"
+            ) from None
+
+    async def _publish_cancel(
+        self, exchange: AbstractExchange, body: bytes, properties: MessageProperties
+    ) -> bool:
+        try:
+            await self._publish_cancel_once(exchange, body, properties)
+        except aiormq.exceptions.PublishError:  # returned: no queue is bound to the exchange
+            return False
+        return True
+
+    async def _publish_cancel_once(
+        self, exchange: AbstractExchange, body: bytes, properties: MessageProperties
+    ) -> None:
+        await exchange.publish(
+            aio_pika.Message(
+                body,
+                content_type=properties.content_type,
+                content_encoding=properties.content_encoding,
+                delivery_mode=properties.delivery_mode,
+                message_id=properties.message_id,
+                correlation_id=properties.correlation_id,
+                type=properties.type,
+                timestamp=datetime.fromtimestamp(properties.timestamp_s, UTC),
+                app_id=properties.app_id,
+                headers=dict(properties.headers) if properties.headers else None,
+            ),
+            routing_key="",
+            # Mandatory: a request no worker is bound for comes back, so that the caller can
+            # say it reached nobody (a wrong service name, every worker away).
+            mandatory=True,
+        )
 
     async def _declare_control(self, name: str) -> AbstractExchange:
         channel = self._publish_channel

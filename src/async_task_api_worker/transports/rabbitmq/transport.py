@@ -271,15 +271,27 @@ class RabbitMQTransport(EnvelopeBodies):
         """Receive cancel requests on the control exchange (``transports.rabbitmq.control``).
 
         Raises:
-            TransportError: the broker refused the exchange or the queue.
+            BrokerRefusedError: the user may not use the exchange, or it exists with another
+                type or other flags (a configuration error: the worker exits 2).
+            TransportError: the exchange or the queue could not be set up otherwise.
         """
         if self._control_exchange is None:
             return False
         try:
             await listen_for_cancels(self._consumer.connection, self._control_exchange, handler)
         except Exception as exc:
-            raise setup_error(exc, self._consumer.url_for_logs) from exc
+            await self.close()  # the worker stops: no reconnect to run behind it
+            raise self._control_error(exc) from exc
         return True
+
+    def _control_error(self, exc: Exception) -> BrokerRefusedError | TransportError:
+        if isinstance(exc, aiormq.exceptions.ChannelPreconditionFailed):
+            return BrokerRefusedError(
+                f"the exchange {self._control_exchange} exists with another type or other flags "
+                f"than a durable fanout exchange (CONTROL_EXCHANGE_NAME names the cancel "
+                f"requests' exchange): {str(exc)[:300]}"
+            )
+        return setup_error(exc, self._consumer.url_for_logs)
 
     # ------------------------------------------------------------------ consuming
 
