@@ -107,13 +107,13 @@ async def test_a_cancel_before_any_worker_makes_the_exchange_and_then_reaches_a_
     async with client(queues, client_id="api-7") as task_client:
         assert task_client.control_exchange == exchange
         # No worker ever started: the exchange does not exist yet, and the cancel goes nowhere
-        # without failing.
-        await task_client.cancel("t-early")
+        # without failing, and says so.
+        assert await task_client.cancel("t-early") is False
         assert exchange_flags(queues, exchange) == ["fanout", "true", "false"]
 
         queue = await bound_queue(connection, exchange)
         before = datetime.now(UTC) - timedelta(seconds=1)
-        await task_client.cancel("t-0001")
+        assert await task_client.cancel("t-0001") is True
         assert_is_the_cancel(await one_message(queue), "t-0001", "api-7", before)
         # The early cancel was dropped by the broker, not held for a later queue.
         assert await queue.get(fail=False, timeout=1) is None
@@ -208,6 +208,8 @@ def test_the_cancel_command_uses_the_default_exchange_name(queues: Queues) -> No
     done = cli("cancel", "t-1", "--service", queues.name, env=env)
     assert done.returncode == 0, done.stderr
     assert exchange_flags(queues, f"{queues.name}_control") == ["fanout", "true", "false"]
+    # Nothing was bound to the new exchange: the request reached nobody, and that is said.
+    assert "warning: no worker is bound to" in done.stderr
 
 
 def test_the_cancel_command_exits_2_when_the_broker_refuses_the_exchange(queues: Queues) -> None:
