@@ -260,8 +260,10 @@ class Transport(Protocol):
         """Connect and declare what the worker needs."""
         ...
 
-    async def listen_for_cancels(self, handler: Callable[[bytes], object]) -> bool:
-        """Hand every cancel request's body to ``handler``, on the event loop, from now on.
+    def listen_for_cancels(self, handler: Callable[[bytes], object]) -> bool:
+        """Hand every cancel request's body to ``handler``, on the event loop, from ``connect``.
+
+        Call it before :meth:`connect`, which then sets the listening up with the rest.
 
         Returns:
             ``False`` when this transport receives no cancels (the docs of its face say so).

@@ -248,9 +248,9 @@ class Runner:
         await run_startup_hooks(self._worker.startup_hooks)
         self._started_hooks = True
         await self._executor.start()
-        await self._transport.connect()
-        if not await self._transport.listen_for_cancels(self._engine.cancels.request_body):
+        if not self._transport.listen_for_cancels(self._engine.cancels.request_body):
             _logger.info("This transport receives no cancel requests")
+        await self._transport.connect()
 
     @property
     def stuck_task_ids(self) -> tuple[str, ...]:

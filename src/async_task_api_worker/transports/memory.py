@@ -211,7 +211,7 @@ class InMemoryTransport(EnvelopeBodies):
         """Nothing to connect to; marks the transport as consuming."""
         self._consuming = True
 
-    async def listen_for_cancels(self, handler: Callable[[bytes], object]) -> bool:
+    def listen_for_cancels(self, handler: Callable[[bytes], object]) -> bool:
         """Hand the bodies given to :meth:`publish_cancel` to ``handler`` from now on."""
         self._cancel_handlers.append(handler)
         return True

@@ -160,6 +160,7 @@ class RabbitMQTransport(EnvelopeBodies):
         control_exchange: str | None = None,
     ) -> None:
         self._control_exchange = control_exchange
+        self._cancel_handler: Callable[[bytes], object] | None = None
         self._in_queue_name = in_queue
         self._reopen_timeout_s = reopen_timeout_s
         self._out_queue_name = out_queue
@@ -243,13 +244,15 @@ class RabbitMQTransport(EnvelopeBodies):
             self._in_queue = await declare_queue(consume, self._in_queue_name)
             await declare_queue(consume, self._out_queue_name)
             self._count_known = await queue_type(connection, self._in_queue_name) == "quorum"
+            if self._cancel_handler is not None and self._control_exchange is not None:
+                await listen_for_cancels(connection, self._control_exchange, self._cancel_handler)
             await self._reports.open()
         except BrokerRefusedError:
             await self.close()
             raise
         except Exception as exc:
             await self.close()
-            raise setup_error(exc, self._consumer.url_for_logs) from exc
+            raise self._control_error(exc) from exc
         self._consume_channel = consume
         consume.close_callbacks.add(self._on_consume_channel_closed)
         consume.reopen_callbacks.add(self._on_consume_channel_reopened)
@@ -267,21 +270,15 @@ class RabbitMQTransport(EnvelopeBodies):
             self._prefetch,
         )
 
-    async def listen_for_cancels(self, handler: Callable[[bytes], object]) -> bool:
-        """Receive cancel requests on the control exchange (``transports.rabbitmq.control``).
+    def listen_for_cancels(self, handler: Callable[[bytes], object]) -> bool:
+        """Receive cancel requests on the control exchange from :meth:`connect` on.
 
-        Raises:
-            BrokerRefusedError: the user may not use the exchange, or it exists with another
-                type or other flags (a configuration error: the worker exits 2).
-            TransportError: the exchange or the queue could not be set up otherwise.
+        :meth:`connect` binds this worker's queue to it (``transports.rabbitmq.control``) with
+        the rest of its set-up, before it says it is connected.
         """
         if self._control_exchange is None:
             return False
-        try:
-            await listen_for_cancels(self._consumer.connection, self._control_exchange, handler)
-        except Exception as exc:
-            await self.close()  # the worker stops: no reconnect to run behind it
-            raise self._control_error(exc) from exc
+        self._cancel_handler = handler
         return True
 
     def _control_error(self, exc: Exception) -> BrokerRefusedError | TransportError:

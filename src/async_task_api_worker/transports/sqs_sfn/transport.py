@@ -207,7 +207,7 @@ class SqsSfnTransport:
             self._lease = ProtectionLease(protection, self._protection_minutes, self._call)
         return self._sqs, self._sfn, self._lease
 
-    async def listen_for_cancels(self, handler: Callable[[bytes], object]) -> bool:
+    def listen_for_cancels(self, handler: Callable[[bytes], object]) -> bool:
         """No cancel reaches this face: Step Functions stops an execution itself (docs/sfn.md)."""
         return False
 
