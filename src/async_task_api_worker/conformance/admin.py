@@ -50,13 +50,12 @@ class Admin:
             raise AdminError(f"{' '.join(argv[-len(arguments) :])} failed: {last[0][:200]}")
         return out.decode(errors="replace")
 
-    async def hold_after_one(self, queue: str, *, quorum: bool) -> None:
-        """Make the empty ``queue`` take one more message, then refuse every publish.
+    async def hold_full(self, queue: str) -> None:
+        """Make ``queue`` refuse publishes (``max-length`` 0, ``reject-publish``).
 
-        ``reject-publish`` under a ``max-length``: a classic queue refuses a publish that would
-        take it past the limit (so 1), a quorum queue one that comes once it is over (so 0).
+        A quorum queue refuses only once it is over its limit: it takes one message more.
         """
-        definition = json.dumps({"max-length": 0 if quorum else 1, "overflow": "reject-publish"})
+        definition = json.dumps({"max-length": 0, "overflow": "reject-publish"})
         await self._call(
             "set_policy",
             "-p",

@@ -22,8 +22,10 @@ from async_task_api_worker.conformance.wire import Seen, Wire
 __all__ = [
     "CATCH_WINDOW_S",
     "CLIENT_ID",
+    "HOLD_MARGIN_S",
     "HOLD_S",
     "SETTLE_S",
+    "SLEEP_S",
     "Case",
     "Findings",
     "Setup",
@@ -44,6 +46,10 @@ SETTLE_S: Final = 0.5
 CATCH_WINDOW_S: Final = 1.0
 #: How long the output queue is held full to see that the input is still unacked, in seconds.
 HOLD_S: Final = 2.0
+#: How long the ``acknowledgement`` case's task sleeps: time to put the hold in place, in s.
+SLEEP_S: Final = 6.0
+#: The hold must be in force this long before that task's handler returns, in seconds.
+HOLD_MARGIN_S: Final = 0.5
 
 
 class Skip(Exception):

@@ -36,7 +36,7 @@ from aio_pika.abc import (
     AbstractIncomingMessage,
     AbstractQueue,
 )
-from aio_pika.exceptions import AMQPError
+from aio_pika.exceptions import AMQPError, DeliveryError
 
 from async_task_api_worker.transports.rabbitmq.topology import queue_type
 
@@ -250,18 +250,20 @@ class Wire:
         if self._out is not None and self._reading is None:
             self._reading = await self._out.consume(self._on_report, no_ack=True)
 
-    async def out_queue_is_quorum(self) -> bool:
-        """Whether the output queue is a quorum queue (its length limit works differently)."""
-        return await queue_type(self.connection, self.out_queue) == "quorum"
+    async def out_queue_refuses(self) -> bool:
+        """Publish a message of the kit's own to the output queue; whether it was refused.
 
-    async def waiting_reports(self) -> int:
-        """The messages waiting in the output queue (while the kit does not read it)."""
-        channel = await self.connection.channel()
+        A quorum queue refuses publishes once it is over its length limit, not when it reaches
+        it: under a ``max-length`` of 0 the first such message is taken, the next refused.
+        """
+        if self._channel is None:
+            raise RuntimeError("Wire.open() was not awaited")
+        filler = aio_pika.Message(b'{"conformance_kit":"filler"}')
         try:
-            declared = await channel.declare_queue(self.out_queue, passive=True)
-            return int(declared.declaration_result.message_count or 0)
-        finally:
-            await channel.close()
+            await self._channel.default_exchange.publish(filler, routing_key=self.out_queue)
+        except DeliveryError:
+            return True
+        return False
 
     async def ready(self) -> int:
         """The input queue's messages ready for delivery (AMQP ``queue.declare-ok``)."""
