@@ -4,6 +4,7 @@ Declare a :class:`Worker`, give it one task with ``@worker.task(timeout=...)``, 
 does the rest: decoding, reports, time limits, retries, acknowledgements.
 """
 
+from async_task_api_worker import definition as _definition
 from async_task_api_worker._version import __version__
 from async_task_api_worker.context import SyncTaskContext, TaskContext
 from async_task_api_worker.definition import Worker
@@ -17,6 +18,28 @@ from async_task_api_worker.errors import (
     TaskCancelledError,
 )
 from async_task_api_worker.settings import WorkerSettings
+
+
+class _Runtime:
+    """``Worker.run`` and ``Worker.serve``, wired to the runtime when the package is imported.
+
+    The definition is a foundation module and the runtime sits layers above it: wiring it in
+    here keeps every import pointing down, and the runtime's own imports (the engine, the
+    transports) load only when a worker is run, not when a handler's module is imported.
+    """
+
+    def run(self, worker: Worker) -> int:
+        from async_task_api_worker.runtime.entry import run_worker
+
+        return int(run_worker(worker))
+
+    async def serve(self, worker: Worker) -> None:
+        from async_task_api_worker.runtime.entry import serve_worker
+
+        await serve_worker(worker)
+
+
+_definition.wire_runtime(_Runtime())
 
 __all__ = [
     # declaring a worker

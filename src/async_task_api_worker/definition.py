@@ -1,8 +1,12 @@
 """Declaring a worker: ``Worker(name)``, ``@worker.task(timeout=...)`` and the hooks.
 
 Every mistake is caught when the decorator runs (at import of the user's module), each with its
-own :class:`~async_task_api_worker.errors.DefinitionError` subclass and a one-line message. The
-module is over 400 lines because those checks are one rule set, best read together.
+own :class:`~async_task_api_worker.errors.DefinitionError` subclass and a one-line message
+(the task's own rules are in :mod:`async_task_api_worker.task_definition`).
+
+``worker.run()`` and ``await worker.serve()`` hand the worker to the runtime, a layer above this
+one: the package wires the runtime in when it is imported (:func:`wire_runtime`), so that this
+module imports nothing above it.
 """
 
 from __future__ import annotations
@@ -12,35 +16,39 @@ import inspect
 import math
 import os
 import re
-import typing
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
-from enum import StrEnum
 from types import MappingProxyType
-from typing import Any, Final, Literal, ParamSpec, TypeVar, overload
+from typing import Any, Final, Literal, ParamSpec, Protocol, TypeVar, overload
 
-from pydantic import BaseModel
-
-from async_task_api_worker.context import SyncTaskContext, TaskContext
 from async_task_api_worker.errors import (
-    ContextParameterError,
     DuplicateTaskError,
-    ErrorDeclarationError,
-    HandlerKindError,
     HandlerSignatureError,
     HookNotAsyncError,
-    InputModelError,
     InvalidProbeNameError,
     InvalidTimeoutError,
     InvalidWorkerNameError,
-    IsolationError,
     NoTaskError,
-    OutputModelError,
 )
-from async_task_api_worker.protocol.codes import ERROR_CODE_PATTERN, RESERVED_ERROR_CODES
 from async_task_api_worker.protocol.envelope import SERVICE_PATTERN
+from async_task_api_worker.task_definition import (
+    HandlerKind,
+    TaskDefinition,
+    check_importable,
+    check_isolation,
+    checked_errors,
+    qualified,
+    read_task,
+)
 
-__all__ = ["HandlerKind", "ReadinessProbe", "TaskDefinition", "Worker", "read_task"]
+__all__ = [
+    "HandlerKind",
+    "ReadinessProbe",
+    "RuntimeEntry",
+    "TaskDefinition",
+    "Worker",
+    "read_task",
+    "wire_runtime",
+]
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -55,170 +63,30 @@ _PROBE_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
 _SERVICE_RE = re.compile(SERVICE_PATTERN)
 
 
-class HandlerKind(StrEnum):
-    """How a handler is run: on the event loop, or in the worker's thread pool."""
+class RuntimeEntry(Protocol):
+    """How ``Worker.run`` and ``Worker.serve`` reach the runtime (``runtime.entry``)."""
 
-    ASYNC = "async"
-    SYNC = "sync"
+    def run(self, worker: Worker) -> int:
+        """Run ``worker`` until it stops; the process's exit code."""
+        ...
 
-
-_KIND_WORDS: Final = {
-    HandlerKind.ASYNC: "an async def handler",
-    HandlerKind.SYNC: "a plain def handler",
-}
-
-
-@dataclass(frozen=True, slots=True)
-class TaskDefinition:
-    """The task a worker runs, as read from its handler.
-
-    Attributes:
-        handler: the decorated function, unchanged.
-        kind: ``async`` (an ``async def`` with a ``TaskContext``) or ``sync`` (a ``def`` with a
-            ``SyncTaskContext``).
-        input_model: the pydantic model of the task input (the first parameter's annotation).
-        output_model: the pydantic model of the response (the return annotation).
-        timeout_s: the declared timeout, in seconds (``WORKER_TASK_TIMEOUT_S`` overrides it).
-        isolation: ``None`` (in the worker's process) or ``"process"`` (a fresh child process
-            per task, killed as a whole process group).
-        memory_limit_bytes: with process isolation, the address-space limit of the task's
-            process (``RLIMIT_AS``), or ``None``.
-        cpu_limit_s: with process isolation, the CPU time limit of the task's process
-            (``RLIMIT_CPU``), in seconds, or ``None``.
-        errors: the error codes the task declares it may raise, code -> what it means
-            (read-only; documentation, not a limit).
-    """
-
-    handler: Callable[..., Any]
-    kind: HandlerKind
-    input_model: type[BaseModel]
-    output_model: type[BaseModel]
-    timeout_s: float
-    isolation: Literal["process"] | None = None
-    memory_limit_bytes: int | None = None
-    cpu_limit_s: float | None = None
-    # Out of the hash only: a mapping has none, and the definition stays hashable.
-    errors: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}), hash=False)
-
-    @property
-    def handler_reference(self) -> str:
-        """``module:qualified.name`` of the handler, how a child process finds it."""
-        return f"{self.handler.__module__}:{self.handler.__qualname__}"
+    async def serve(self, worker: Worker) -> None:
+        """Serve ``worker`` from the running event loop until the calling task is cancelled."""
+        ...
 
 
-def _qualified(function: Callable[..., Any]) -> str:
-    return getattr(function, "__qualname__", repr(function))
+_runtime: list[RuntimeEntry] = []
 
 
-def _model_of(annotation: object) -> type[BaseModel] | None:
-    """The model class an annotation names (``Annotated`` metadata allowed), or ``None``."""
-    if typing.get_origin(annotation) is typing.Annotated:
-        annotation = typing.get_args(annotation)[0]
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation
-    return None
+def wire_runtime(entry: RuntimeEntry) -> None:
+    """Give ``Worker.run`` and ``Worker.serve`` their runtime (the package does, at import)."""
+    _runtime[:] = [entry]
 
 
-def read_task(function: Callable[..., Any], timeout_s: float) -> TaskDefinition:
-    """Read a task from its handler's signature (what ``@worker.task`` does).
-
-    Raises:
-        HandlerSignatureError: the handler's shape is wrong (a subclass says how).
-    """
-    name = _qualified(function)
-    if not inspect.isfunction(function):
-        raise HandlerKindError(f"task handler {name} must be a def or async def function")
-    if inspect.isgeneratorfunction(function) or inspect.isasyncgenfunction(function):
-        raise HandlerKindError(f"task handler {name} must return its output, not yield")
-    kind = HandlerKind.ASYNC if inspect.iscoroutinefunction(function) else HandlerKind.SYNC
-    parameters = list(inspect.signature(function).parameters.values())
-    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-    if len(parameters) != 2 or any(p.kind not in positional for p in parameters):
-        raise HandlerSignatureError(
-            f"task handler {name} must take exactly two positional parameters: (task_input, ctx)"
-        )
-    try:
-        hints = typing.get_type_hints(function, include_extras=True)
-    except Exception as exc:  # NameError, TypeError...: whatever an annotation raises
-        raise HandlerSignatureError(
-            f"task handler {name} has annotations that cannot be resolved ({type(exc).__name__})"
-        ) from exc
-    input_param, context_param = parameters
-    expected_context = TaskContext if kind is HandlerKind.ASYNC else SyncTaskContext
-    context_annotation = hints.get(context_param.name)
-    # An identity check on purpose: a subclass or an Annotated wrapper would hide what the SDK
-    # really passes (seed, "Declaring a worker").
-    if context_annotation is not expected_context:
-        raise ContextParameterError(
-            f"task handler {name}: parameter {context_param.name!r} must be annotated exactly "
-            f"{expected_context.__name__} ({_KIND_WORDS[kind]})"
-        )
-    input_model = _model_of(hints.get(input_param.name))
-    if input_model is None:
-        raise InputModelError(
-            f"task handler {name}: parameter {input_param.name!r} must be annotated with a "
-            f"pydantic BaseModel subclass"
-        )
-    output_model = _model_of(hints.get("return"))
-    if output_model is None:
-        raise OutputModelError(
-            f"task handler {name} must declare its return type as a pydantic BaseModel subclass"
-        )
-    return TaskDefinition(
-        handler=function,
-        kind=kind,
-        input_model=input_model,
-        output_model=output_model,
-        timeout_s=timeout_s,
-    )
-
-
-def _check_isolation(isolation: object, memory_limit_bytes: object, cpu_limit_s: object) -> None:
-    if isolation not in (None, "process"):
-        raise IsolationError(f'isolation must be "process" or None, got {isolation!r}')
-    for name, value in (("memory_limit_bytes", memory_limit_bytes), ("cpu_limit_s", cpu_limit_s)):
-        if value is None:
-            continue
-        if isolation is None:
-            raise IsolationError(f'{name} needs isolation="process"')
-        if (
-            isinstance(value, bool)
-            or not isinstance(value, int | float)
-            or not math.isfinite(value)
-            or value <= 0
-            or (name == "memory_limit_bytes" and not isinstance(value, int))
-        ):
-            raise IsolationError(f"{name} must be a positive number, got {value!r}")
-
-
-def _checked_errors(errors: object) -> Mapping[str, str]:
-    """``errors=``, checked against the code rule of protocol/codes.py, as a read-only copy."""
-    if not isinstance(errors, Mapping):
-        raise ErrorDeclarationError(
-            f"errors must map error codes to descriptions, got {type(errors).__name__}"
-        )
-    for code, description in errors.items():
-        if not isinstance(code, str) or not ERROR_CODE_PATTERN.fullmatch(code):
-            raise ErrorDeclarationError(
-                f"errors: code {code!r} does not match {ERROR_CODE_PATTERN.pattern}"
-            )
-        if code in RESERVED_ERROR_CODES:
-            raise ErrorDeclarationError(
-                f"errors: {code} is reserved for the SDK; a handler cannot raise it"
-            )
-        if not isinstance(description, str) or not description.strip():
-            raise ErrorDeclarationError(
-                f"errors: {code} needs a description, a non-blank string, got {description!r}"
-            )
-    return MappingProxyType(dict(errors))
-
-
-def _check_importable(function: Callable[..., Any]) -> None:
-    if "<locals>" in function.__qualname__ or "<lambda>" in function.__qualname__:
-        raise IsolationError(
-            f"task handler {function.__qualname__} runs in a child process with "
-            f'isolation="process", which finds it by name: define it at module level'
-        )
+def _the_runtime() -> RuntimeEntry:
+    if not _runtime:  # pragma: no cover - the package's __init__ always wires it
+        raise RuntimeError("the runtime is not wired in: import async_task_api_worker")
+    return _runtime[0]
 
 
 #: Set in the environment of the process-isolation fork server and of task processes.
@@ -236,7 +104,7 @@ def _refuse_in_task_process() -> None:
 
 def _check_async(kind: str, function: Callable[..., Any]) -> None:
     if not inspect.iscoroutinefunction(function):
-        raise HookNotAsyncError(f"{kind} hook {_qualified(function)} must be an async def function")
+        raise HookNotAsyncError(f"{kind} hook {qualified(function)} must be an async def function")
 
 
 class Worker:
@@ -328,18 +196,18 @@ class Worker:
             raise InvalidTimeoutError(
                 f"task timeout must be a positive, finite number of seconds, got {timeout!r}"
             )
-        _check_isolation(isolation, memory_limit_bytes, cpu_limit_s)
-        declared = _checked_errors(errors)
+        check_isolation(isolation, memory_limit_bytes, cpu_limit_s)
+        declared = checked_errors(errors)
 
         def register(function: Callable[P, R]) -> Callable[P, R]:
             if self._task is not None:
                 raise DuplicateTaskError(
                     f"worker {self.name!r} already has its task "
-                    f"{_qualified(self._task.handler)}; a worker runs exactly one task"
+                    f"{qualified(self._task.handler)}; a worker runs exactly one task"
                 )
             task = dataclasses.replace(read_task(function, float(timeout)), errors=declared)
             if isolation is not None:
-                _check_importable(function)
+                check_importable(function)
                 task = dataclasses.replace(
                     task,
                     isolation=isolation,
@@ -420,11 +288,7 @@ class Worker:
                 without an ``if __name__ == "__main__":`` guard).
         """
         _refuse_in_task_process()
-        # The one import of a higher layer from here, kept late on purpose (the runtime
-        # imports this module): .importlinter lists it as the only exception.
-        from async_task_api_worker.runtime.entry import run_worker
-
-        code = run_worker(self)
+        code = _the_runtime().run(self)
         if code:
             raise SystemExit(int(code))
 
@@ -441,9 +305,7 @@ class Worker:
             RuntimeError: called while a task process imports the worker's module.
         """
         _refuse_in_task_process()
-        from async_task_api_worker.runtime.entry import serve_worker
-
-        await serve_worker(self)
+        await _the_runtime().serve(self)
 
     @property
     def task_definition(self) -> TaskDefinition:
