@@ -1,9 +1,10 @@
 """The contracts between the engine and its adapters, and the values they exchange.
 
 A transport (RabbitMQ, in-memory, SQS/Step Functions) implements :class:`Transport`; an executor
-(inline, thread, process) implements :class:`Executor`; metrics and logs implement
-:class:`Observer`. The engine imports only this module, never an adapter. It is a little over
-400 lines: the contracts are one document, each method's rule beside its signature.
+(inline, thread, process) implements :class:`Executor`. The engine imports only this module,
+never an adapter. What the engine decides and tells its observers (``Outcome``, ``Action``,
+``Settlement``, the events, ``Observer``) lives in :mod:`async_task_api_worker.events` and is
+re-exported here.
 """
 
 from __future__ import annotations
@@ -11,19 +12,36 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel
 
 from async_task_api_worker.conclusion import ExecutionResult
 from async_task_api_worker.context import SyncTaskContext, TaskContext
+from async_task_api_worker.events import (
+    AckFailed,
+    Action,
+    CancelRequested,
+    CancelResult,
+    DeliveryReceived,
+    DeliverySettled,
+    EngineEvent,
+    Observer,
+    Outcome,
+    ProgressDropped,
+    PublishFailed,
+    ReportPublished,
+    Settlement,
+    TaskStarted,
+)
 from async_task_api_worker.protocol.envelope import Envelope
 from async_task_api_worker.protocol.reports import EncodedReport
 
 __all__ = [
     "AckFailed",
     "Action",
+    "CancelRequested",
+    "CancelResult",
     "CancelToken",
     "Delivery",
     "DeliveryReceived",
@@ -115,75 +133,6 @@ class Delivery:
     redelivered: bool = False
     handle: Any = None
     cancel_token: CancelToken = field(default_factory=CancelToken)
-
-
-class Outcome(StrEnum):
-    """What happened to a delivery (the decision line's ``outcome``)."""
-
-    SUCCESS = "success"
-    FAILURE = "failure"
-    POISON = "poison"
-    RETRY = "retry"
-    PUBLISH_FAILED = "publish_failed"
-    SHUTDOWN_REQUEUED = "shutdown_requeued"
-    CANCELLED = "cancelled"
-    CANCELLED_BY_CLIENT = "cancelled_by_client"
-    """The task's client cancelled it: concluded with ``failure TASK_CANCELLED``."""
-    ENGINE_ERROR = "engine_error"
-    DETACHED = "detached"
-    """Handed to a detached worker (the ``tick`` command); its report comes from a sweep."""
-
-
-class Action(StrEnum):
-    """How a delivery was settled with the broker (the decision line's ``action``).
-
-    - ``ack``: the task succeeded and its ``success`` report was confirmed, then acked;
-    - ``conclude``: the task ended with a confirmed ``failure`` report, then acked;
-    - ``nack-requeue``: put back in the queue, to be delivered again (``requeue_counted`` on the
-      settlement tells a failed attempt from a give-back);
-    - ``reject``: refused without requeue (dead-lettered where the queue has a dead-letter
-      exchange): a poison body whose task id could not be recovered, so nobody can be told;
-    - ``none``: nothing is sent to the broker: the transport withdrew the delivery (its channel
-      closed, so the broker requeued it; or its Step Functions task token went stale).
-    """
-
-    ACK = "ack"
-    CONCLUDE = "conclude"
-    NACK_REQUEUE = "nack-requeue"
-    REJECT = "reject"
-    NONE = "none"
-
-
-@dataclass(frozen=True, slots=True)
-class Settlement:
-    """The engine's decision for one delivery; exactly one per delivery.
-
-    Attributes:
-        outcome: what happened.
-        action: how the delivery was settled.
-        code: the failure report's code; for a retry, the ``RetryableError``'s code; ``None``
-            for a success, a give-back or an unreported poison body.
-        task_id: the task id, when known.
-        attempt: this delivery's attempt number, from 1.
-        delivery_limit: the attempts the task gets (2 when the broker gives no count).
-        requeue_counted: for ``nack-requeue``, whether the requeue counts as a failed attempt.
-        poison_reason: for ``poison``, why the body was refused.
-        settled: whether the broker accepted the settle (``False``: the ack/requeue/reject
-            failed, and the broker will redeliver on its own).
-        reason: for a give-back of a task that was not at fault, why (``publish_failed``: its
-            report could not get out before the broker could time the delivery out).
-    """
-
-    outcome: Outcome
-    action: Action
-    code: str | None
-    task_id: str | None
-    attempt: int
-    delivery_limit: int
-    requeue_counted: bool = False
-    poison_reason: str | None = None
-    settled: bool = True
-    reason: str | None = None
 
 
 @runtime_checkable
@@ -382,93 +331,4 @@ class Executor(Protocol):
 
     async def aclose(self) -> None:
         """Release the executor's resources (threads, processes)."""
-        ...
-
-
-@dataclass(frozen=True, slots=True)
-class DeliveryReceived:
-    """The engine took a delivery; exactly one :class:`DeliverySettled` follows it."""
-
-
-@dataclass(frozen=True, slots=True)
-class TaskStarted:
-    """A handler is about to run (its ``started`` report was confirmed)."""
-
-    task_id: str
-
-
-@dataclass(frozen=True, slots=True)
-class DeliverySettled:
-    """A delivery was settled; ``duration_s`` runs from its arrival to its settle."""
-
-    settlement: Settlement
-    duration_s: float
-    handler_ran: bool
-
-
-@dataclass(frozen=True, slots=True)
-class ReportPublished:
-    """A report was confirmed by the broker; ``report_type`` is a :class:`ReportType` value."""
-
-    report_type: str
-
-
-@dataclass(frozen=True, slots=True)
-class PublishFailed:
-    """One try to publish a report was not confirmed (a retried report may fail several times)."""
-
-    report_type: str
-
-
-@dataclass(frozen=True, slots=True)
-class AckFailed:
-    """A settle (ack, requeue or reject) did not reach the broker."""
-
-
-@dataclass(frozen=True, slots=True)
-class ProgressDropped:
-    """A progress update was not published; ``reason`` is from a fixed set."""
-
-    reason: str
-
-
-class CancelResult(StrEnum):
-    """What a cancel request did here (the ``result`` label of the cancels metric)."""
-
-    #: A task running here was stopped.
-    RUNNING = "running"
-    #: The task is not running here: remembered, for when its delivery comes.
-    REMEMBERED = "remembered"
-    #: The task finished here lately: its terminal report stands, nothing changes.
-    FINISHED = "finished"
-    #: Not running here, and remembering is off (``WORKER_CANCEL_MEMORY=0``).
-    NOT_REMEMBERED = "not_remembered"
-    #: The body is not a cancel request.
-    MALFORMED = "malformed"
-
-
-@dataclass(frozen=True, slots=True)
-class CancelRequested:
-    """A client's cancel request arrived; ``result`` says what it did (a ``CancelResult``)."""
-
-    result: str
-
-
-EngineEvent = (
-    DeliveryReceived
-    | TaskStarted
-    | DeliverySettled
-    | ReportPublished
-    | PublishFailed
-    | AckFailed
-    | ProgressDropped
-    | CancelRequested
-)
-
-
-class Observer(Protocol):
-    """Learns what the engine did (metrics, audit). Must not block; failures are logged only."""
-
-    def notify(self, event: EngineEvent) -> None:
-        """Record one event."""
         ...
