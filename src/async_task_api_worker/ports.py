@@ -227,15 +227,23 @@ class Transport(Protocol):
         """Stop receiving new deliveries; in-flight ones can still be reported and settled."""
         ...
 
-    async def send(self, delivery: Delivery, report: EncodedReport) -> Awaitable[None]:
-        """Put a report about ``delivery`` on its way; awaiting the result waits for its confirm.
+    async def send(
+        self,
+        delivery: Delivery,
+        report: EncodedReport,
+        *,
+        placed: Callable[[], None] | None = None,
+    ) -> None:
+        """Publish a report about ``delivery`` and wait for its confirm, in the caller's task.
 
-        Reports reach the broker in the order of the calls: the call returns once the report
-        holds its place (no report sent after it can overtake it), so that a delivery's next
-        report can go out before this one is confirmed. Await the result once; a transport
-        that cannot overlap its calls (Step Functions) returns one that is already done.
+        Reports reach the broker in the order of the calls. ``placed`` is called once, on the
+        event loop, as soon as the report holds its place (no report sent after it can
+        overtake it), and not when it failed before that: the engine holds a delivery's
+        ``started`` in the background and sends the terminal report once ``started`` is
+        placed, without waiting for its confirm. A transport whose calls cannot overlap (Step
+        Functions) says ``placed`` once the call went through.
 
-        Raises (from the call, or from awaiting its result):
+        Raises:
             ReportRefusedError: refused for what it holds (its size, its content); sending it
                 again cannot help.
             PublishError: the broker refused it or did not confirm it.
@@ -275,10 +283,6 @@ class Transport(Protocol):
     async def close(self) -> None:
         """Close the connection; idempotent."""
         ...
-
-
-async def already_confirmed() -> None:
-    """The confirm :meth:`Transport.send` returns when its call waited for the confirm itself."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,12 +4,14 @@
 terminal report follows it without waiting: one confirm round trip per task. A report goes out
 once ``started`` is confirmed or on its way ahead of it; a terminal report whose ``started`` was
 lost sends it again first. Each report (its tries too) is one ``send`` span, in its headers.
+Reports are published in the calling task (``Transport.send``): a delivery's reports cost no
+task of their own, only ``started``'s hold runs beside the handler.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -17,10 +19,10 @@ from enum import Enum, StrEnum
 from typing import Any, Final
 
 from async_task_api_worker.context import ProgressDropReason, ProgressUpdate, task_log_extra
+from async_task_api_worker.engine import report_log
 from async_task_api_worker.engine.waits import until
 from async_task_api_worker.errors import PublishError, ReportEncodeError, ReportRefusedError
 from async_task_api_worker.observability import tracing
-from async_task_api_worker.observability.redaction import exception_type_name
 from async_task_api_worker.ports import (
     CancelToken,
     Delivery,
@@ -61,8 +63,6 @@ PROGRESS_CONFIRM_WAIT_S: Final = 30.0
 LAST_TRY_MARGIN_S: Final = 0.5
 #: While a report is held, its refusals are logged at most once per this many seconds.
 HOLD_LOG_EVERY_S: Final = 60.0
-
-_logger = logging.getLogger("async_task_api_worker.engine")
 
 
 class GiveUp(StrEnum):
@@ -248,28 +248,16 @@ class DeliveryReporter:
         that confirm: confirms come in order on a channel, so it is in, or about to be.
         """
         if carries_started and self._started_report is not None:
-            ahead = asyncio.ensure_future(
-                await self.transport.send(self.delivery, self._started_report)
-            )
-            self._mark(_Started.SENT)
-            try:
-                confirm = await self.transport.send(self.delivery, encoded)
-            except BaseException:
-                ahead.cancel()
-                self._mark(_Started.LOST)  # so that the next try sends it again
-                raise
-            lost, refused = await asyncio.gather(ahead, confirm, return_exceptions=True)
-            self._mark(_Started.LOST if isinstance(lost, BaseException) else _Started.CONFIRMED)
-            if isinstance(refused, BaseException):
-                raise refused
+            await self._try_behind_started(encoded, self._started_report)
             return
         is_started = encoded is self._started_report
-        confirm = await self.transport.send(self.delivery, encoded)
-        if is_started:
-            self._mark(_Started.SENT)
         started = self._started if self._taken_over and not is_started else None
         try:
-            await confirm
+            await self.transport.send(
+                self.delivery,
+                encoded,
+                placed=functools.partial(self._mark, _Started.SENT) if is_started else None,
+            )
         except BaseException:
             if is_started:
                 self._mark(_Started.UNSENT)
@@ -279,6 +267,35 @@ class DeliveryReporter:
                 await asyncio.wait({started})
         if is_started:
             self._mark(_Started.CONFIRMED)
+
+    async def _try_behind_started(self, encoded: EncodedReport, started: EncodedReport) -> None:
+        """Resend a lost ``started`` (a task, on this rare path), ``encoded`` once it is placed."""
+        placed = asyncio.get_running_loop().create_future()
+        ahead = asyncio.ensure_future(
+            self.transport.send(self.delivery, started, placed=lambda: _resolve(placed))
+        )
+        try:
+            await asyncio.wait({ahead, placed}, return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:
+            ahead.cancel()
+            raise
+        if not placed.done():  # failed before it took its place
+            placed.cancel()
+            await ahead  # raises why
+        self._mark(_Started.SENT)
+        refused: Exception | None = None
+        try:
+            await self.transport.send(self.delivery, encoded)
+        except Exception as exc:
+            refused = exc
+        except BaseException:
+            ahead.cancel()
+            self._mark(_Started.LOST)  # so that the next try sends it again
+            raise
+        (lost,) = await asyncio.gather(ahead, return_exceptions=True)
+        self._mark(_Started.LOST if isinstance(lost, BaseException) else _Started.CONFIRMED)
+        if refused is not None:
+            raise refused
 
     async def _deliver(self, encoded: EncodedReport) -> bool:
         kind = encoded.type
@@ -292,7 +309,7 @@ class DeliveryReporter:
             encoded.properties.headers.update(headers)
             confirmed = await self._hold(encoded, give_up_at)
         if confirmed and terminal and self._started_state is _Started.LOST:
-            self._log_started_lost()
+            report_log.started_lost(self._log_extra())
         return confirmed
 
     async def _hold(self, encoded: EncodedReport, give_up_at: float) -> bool:
@@ -345,7 +362,13 @@ class DeliveryReporter:
                 if progress or refusals == 1 or now - logged_at >= HOLD_LOG_EVERY_S:
                     # A hold may last the consumer timeout: one line a minute, not one a try.
                     logged_at = now
-                    self._log_refusal(kind, exc, None if progress else refusals, give_up_at - now)
+                    report_log.refused(
+                        kind,
+                        exc,
+                        None if progress else refusals,
+                        give_up_at - now,
+                        self._log_extra(),
+                    )
                 if progress:
                     return False
                 # The last wait is cut short, so that the last try runs at the hold's end; when
@@ -362,39 +385,14 @@ class DeliveryReporter:
             self.notify(ReportPublished(kind))
             return True
 
-    def _log_started_lost(self) -> None:
-        # A full queue freeing one place between the two: the one terminal report stands.
-        _logger.warning(
-            "The broker refused the started report but took the terminal report sent right "
-            "behind it; the consumer gets the terminal report without started",
-            extra=self._log_extra(),
-        )
-
     def _give_up(self, kind: ReportType, why: GiveUp) -> None:
         self.gave_up = why
-        _logger.warning(
-            "The %s report could not get out (%s); %s",
-            kind,
-            why.value,
-            "the delivery was withdrawn: nothing more is sent for it"
-            if why is GiveUp.WITHDRAWN
-            else "giving the delivery back",
-            extra=self._log_extra(),
-        )
-
-    def _log_refusal(
-        self, kind: ReportType, exc: PublishError, held_try: int | None, left_s: float
-    ) -> None:
-        _logger.warning(
-            "The %s report was not confirmed by the broker (%s)%s",
-            kind,
-            exception_type_name(exc.__cause__ or exc),
-            ""
-            if held_try is None
-            else f"; holding the delivery and retrying (try {held_try}, up to "
-            f"{max(0.0, left_s):.0f} s more)",
-            extra=self._log_extra(),
-        )
+        report_log.gave_up(kind, why.value, why is GiveUp.WITHDRAWN, self._log_extra())
 
     def _log_extra(self) -> dict[str, Any]:
         return task_log_extra({"task_id": self.task_id, "attempt": self.attempt})
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -273,14 +273,22 @@ class InMemoryTransport(EnvelopeBodies):
         self._consuming = False
         self._wake()
 
-    async def send(self, delivery: Delivery, report: EncodedReport) -> Awaitable[None]:
-        """Send ``report`` now (:meth:`publish`); the result waits for its confirm.
+    async def send(
+        self,
+        delivery: Delivery,
+        report: EncodedReport,
+        *,
+        placed: Callable[[], None] | None = None,
+    ) -> None:
+        """Send ``report`` now (:meth:`publish`), say it is placed, and wait for its confirm.
 
         Raises:
-            PublishError: :meth:`fail_next_publish` asked for this one to fail (from the call),
-                or :meth:`refuse_next_confirm` (from awaiting the result).
+            PublishError: :meth:`fail_next_publish` asked for this one to fail (before it is
+                placed), or :meth:`refuse_next_confirm` (after).
         """
         await self.publish(delivery, report)
+        if placed is not None:
+            placed()
         refused = next(
             (
                 index
@@ -291,7 +299,7 @@ class InMemoryTransport(EnvelopeBodies):
         )
         if refused is not None:
             del self._refuse_confirms[refused]
-        return self._confirm(report, refused=refused is not None)
+        await self._confirm(report, refused=refused is not None)
 
     async def _confirm(self, report: EncodedReport, *, refused: bool) -> None:
         await self._confirms.wait()

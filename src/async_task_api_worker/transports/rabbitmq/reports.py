@@ -10,10 +10,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Final
+from typing import Final
 
 import aio_pika
 import aiormq
@@ -49,14 +49,37 @@ class ReportTrail:
 
     channel: object | None = None
     report: EncodedReport | None = None
-    publishing: asyncio.Future[Any] | None = None
+    confirmed: bool = False
 
     def allows(self, report: EncodedReport, channel: object) -> bool:
         """Whether ``report`` may go out on ``channel`` now."""
         if self.channel is None or self.channel is channel or report is self.report:
             return True
-        sent = self.publishing
-        return sent is not None and sent.done() and not sent.cancelled() and not sent.exception()
+        return self.confirmed
+
+
+class _Handover:
+    """Run once the publish holds its place: frees the order for the next report, says so.
+
+    Scheduled with ``call_soon`` just before the publishing task enters aiormq's
+    ``basic_publish``, it runs after that task's step, when the publish has taken aiormq's
+    channel lock (first come, first served) or queued its frame: no later report can overtake
+    it, and no task per report is needed to get there.
+    """
+
+    __slots__ = ("_order", "_placed", "ran", "refused")
+
+    def __init__(self, order: asyncio.Lock, placed: Callable[[], None] | None) -> None:
+        self._order = order
+        self._placed = placed
+        self.ran = False
+        self.refused = False
+
+    def __call__(self) -> None:
+        self.ran = True
+        self._order.release()
+        if self._placed is not None and not self.refused:
+            self._placed()
 
 
 class ReportPublisher:
@@ -100,27 +123,33 @@ class ReportPublisher:
         return await self._link.connection.channel(publisher_confirms=True, on_return_raises=True)
 
     async def send(
-        self, report: EncodedReport, trail: ReportTrail | None = None
-    ) -> Awaitable[None]:
-        """Put ``report`` on its way to the output queue; the result waits for the confirm.
+        self,
+        report: EncodedReport,
+        trail: ReportTrail | None = None,
+        placed: Callable[[], None] | None = None,
+    ) -> None:
+        """Publish ``report`` to the output queue and wait for its confirm, in this task.
 
-        Reports reach the broker in the order of their calls: this returns once the report
-        holds its place on the channel (queued behind every earlier one, ahead of every later
-        one), so the engine can send a delivery's terminal report before ``started`` is
-        confirmed. The publish is mandatory: a report the broker cannot route (the output
-        queue was deleted) is a failure, not a silent drop. Nothing here has a time limit of
-        its own: while the broker blocks the connection, and for a confirm that is merely late,
-        it waits, and only the caller (the engine's hold) stops the wait, by cancelling it.
-        Refused again and again (``basic.nack``: a full queue with ``reject-publish``), the
-        channel is replaced (RabbitMQ 3.10 kept nacking a quorum queue's publishes on the same
-        channel after the queue had room again) and then the connection.
+        Reports reach the broker in the order of their calls: ``placed`` is called once the
+        report holds its place on the channel (queued behind every earlier one, ahead of every
+        later one), so that the engine can send a delivery's terminal report before
+        ``started`` is confirmed. The publish is mandatory: a report the broker cannot route
+        (the output queue was deleted) is a failure, not a silent drop. Nothing here has a time
+        limit of its own: while the broker blocks the connection, and for a confirm that is
+        merely late, it waits, and only the caller (the engine's hold) stops the wait, by
+        cancelling it. Refused again and again (``basic.nack``: a full queue with
+        ``reject-publish``), the channel is replaced (RabbitMQ 3.10 kept nacking a quorum
+        queue's publishes on the same channel after the queue had room again) and then the
+        connection.
 
         Args:
             report: the report.
             trail: its delivery's :class:`ReportTrail`, which keeps a report from going out on
                 a new channel ahead of an earlier one lost with the old channel.
+            placed: called on the event loop once the report holds its place (not when it
+                failed before that).
 
-        Raises (from the call, or from awaiting its result):
+        Raises:
             MessageTooLargeError: the broker refused the report for its size
                 (``max_message_size``); publishing it again cannot help.
             PublishError: the broker did not confirm it (nack, return, lost channel), or an
@@ -142,38 +171,28 @@ class ReportPublisher:
             app_id=properties.app_id,
             headers=dict(properties.headers) if properties.headers else None,
         )
-        async with self._order:
-            try:
-                publishing, underlay = await self._place(report, amqp_properties, channel, trail)
-            except PublishError as exc:
-                raise await self._refusal(exc, report, channel) from exc.__cause__
-            if trail is not None and report.type is ReportType.STARTED:
-                trail.channel, trail.report, trail.publishing = underlay, report, publishing
-        return self._confirmed(publishing, report, channel)
-
-    async def _place(
-        self,
-        report: EncodedReport,
-        amqp_properties: aiormq.spec.Basic.Properties,
-        channel: AbstractChannel | None,
-        trail: ReportTrail | None,
-    ) -> tuple[asyncio.Future[Any], object]:
-        """Queue ``report``'s frame on the channel: its publish, and the channel it is on."""
-        with publish_errors(f"the {report.type} report"):
-            if channel is None:
-                raise ConnectionError("not connected")
-            await self._link.wait_unblocked()  # never into a socket the broker ignores
-            if channel.is_closed:
-                # Reopening after a reconnect or a channel error: the message has not left.
-                await channel.ready()  # type: ignore[attr-defined]
-            underlay = await channel.get_underlay_channel()
-            if trail is not None and not trail.allows(report, underlay):
-                raise PublishError(
-                    f"the {report.type} report waits: an earlier report of its delivery was "
-                    "not confirmed on a channel that has closed since"
-                )
-            publishing = asyncio.ensure_future(
-                underlay.basic_publish(
+        started = trail is not None and report.type is ReportType.STARTED
+        handover: _Handover | None = None
+        await self._order.acquire()
+        try:
+            with publish_errors(f"the {report.type} report"):
+                if channel is None:
+                    raise ConnectionError("not connected")
+                await self._link.wait_unblocked()  # never into a socket the broker ignores
+                if channel.is_closed:
+                    # Reopening after a reconnect or a channel error: the message has not left.
+                    await channel.ready()  # type: ignore[attr-defined]
+                underlay = await channel.get_underlay_channel()
+                if trail is not None and not trail.allows(report, underlay):
+                    raise PublishError(
+                        f"the {report.type} report waits: an earlier report of its delivery "
+                        "was not confirmed on a channel that has closed since"
+                    )
+                if started:
+                    trail.channel, trail.report, trail.confirmed = underlay, report, False  # type: ignore[union-attr]
+                handover = _Handover(self._order, placed)
+                asyncio.get_running_loop().call_soon(handover)
+                await underlay.basic_publish(
                     report.body,
                     exchange="",
                     routing_key=self._out_queue,
@@ -183,26 +202,17 @@ class ReportPublisher:
                     # queue holds 10 frames, and a publish parked on it when the connection
                     # drops is never woken, holding the channel's lock for every later report.
                 )
-            )
-            # Its first step queues the frame, or queues it at aiormq's channel lock (first
-            # come, first served): from then on, no later report can overtake it.
-            await asyncio.sleep(0)
-        return publishing, underlay
-
-    async def _confirmed(
-        self,
-        publishing: asyncio.Future[Any],
-        report: EncodedReport,
-        channel: AbstractChannel | None,
-    ) -> None:
-        try:
-            with publish_errors(f"the {report.type} report"):
-                await publishing
-        except PublishError as exc:
-            raise await self._refusal(exc, report, channel) from exc.__cause__
-        except BaseException:
-            publishing.cancel()
+        except BaseException as exc:
+            if handover is not None and not handover.ran:
+                handover.refused = True  # failed before it took a place: ``placed`` is not said
+            if isinstance(exc, PublishError):
+                raise await self._refusal(exc, report, channel) from exc.__cause__
             raise
+        finally:
+            if handover is None:
+                self._order.release()
+        if started:
+            trail.confirmed = True  # type: ignore[union-attr]
         self._refusals = 0
 
     async def _refusal(

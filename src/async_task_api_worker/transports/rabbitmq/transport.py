@@ -27,7 +27,7 @@ import contextlib
 import logging
 import re
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any, Final
@@ -474,13 +474,20 @@ class RabbitMQTransport(EnvelopeBodies):
             attributes["messaging.rabbitmq.message.delivery_tag"] = delivery.handle.tag
         return attributes
 
-    async def send(self, delivery: Delivery, report: EncodedReport) -> Awaitable[None]:
-        """Put ``report`` on its way to the output queue; the result waits for the confirm.
+    async def send(
+        self,
+        delivery: Delivery,
+        report: EncodedReport,
+        *,
+        placed: Callable[[], None] | None = None,
+    ) -> None:
+        """Publish ``report`` to the output queue and wait for its confirm, in this task.
 
-        See :meth:`ReportPublisher.send`: reports reach the broker in the order of their calls,
-        and the caller (the engine's hold) bounds the wait.
+        See :meth:`ReportPublisher.send`: reports reach the broker in the order of their calls
+        (``placed`` says when this one holds its place), and the caller (the engine's hold)
+        bounds the wait.
 
-        Raises (from the call, or from awaiting its result):
+        Raises:
             MessageTooLargeError: the broker refused the report for its size.
             PublishError: the broker did not confirm it (nack, return, lost channel), or the
                 delivery's channel closed (the broker requeued it).
@@ -488,8 +495,8 @@ class RabbitMQTransport(EnvelopeBodies):
         if delivery.handle is not None and delivery.handle.lost:
             # Its channel closed: the broker requeued it, and the next attempt will report.
             raise PublishError(f"the {report.type} report is for a delivery the broker requeued")
-        return await self._reports.send(
-            report, None if delivery.handle is None else delivery.handle.trail
+        await self._reports.send(
+            report, None if delivery.handle is None else delivery.handle.trail, placed
         )
 
     async def _settle(self, delivery: Delivery, settle: Settle) -> None:

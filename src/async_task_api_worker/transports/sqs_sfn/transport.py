@@ -28,7 +28,7 @@ import asyncio
 import contextlib
 import functools
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, TypeVar
 
@@ -40,7 +40,7 @@ from async_task_api_worker.errors import (
     TransportError,
 )
 from async_task_api_worker.observability.redaction import exception_type_name
-from async_task_api_worker.ports import Delivery, already_confirmed
+from async_task_api_worker.ports import Delivery
 from async_task_api_worker.protocol.codes import ReportType
 from async_task_api_worker.protocol.envelope import Envelope
 from async_task_api_worker.protocol.reports import EncodedReport
@@ -492,10 +492,17 @@ class SqsSfnTransport:
 
     # ------------------------------------------------------------------ reports
 
-    async def send(self, delivery: Delivery, report: EncodedReport) -> Awaitable[None]:
-        """:meth:`publish`: an API call cannot overlap the next, so it returns once taken."""
+    async def send(
+        self,
+        delivery: Delivery,
+        report: EncodedReport,
+        *,
+        placed: Callable[[], None] | None = None,
+    ) -> None:
+        """:meth:`publish`: an API call cannot overlap the next, so it is placed once taken."""
         await self.publish(delivery, report)
-        return already_confirmed()
+        if placed is not None:
+            placed()
 
     async def publish(self, delivery: Delivery, report: EncodedReport) -> None:
         """Send ``report`` to Step Functions (see the module); returns once it is taken.
