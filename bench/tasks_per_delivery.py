@@ -90,7 +90,9 @@ async def _client_side(url: str, tasks: int, counting: threading.Event) -> None:
     async with TaskClient(url=url, service="bench", out_queue="bench_queue_out") as client:
         await _finished(client, [await client.submit({"text": "warm up"})])
         counting.set()
-        task_ids = [await client.submit({"text": "one two three"}) for _ in range(tasks)]
+        task_ids = list(
+            await asyncio.gather(*(client.submit({"text": "one two three"}) for _ in range(tasks)))
+        )
         await _finished(client, task_ids)
         counting.clear()
 
