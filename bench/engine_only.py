@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import argparse
 import time
-from collections.abc import Awaitable
+from collections.abc import Callable
 
 from async_task_api_worker.engine.engine import Engine
 from async_task_api_worker.executors import executor_for
@@ -33,10 +33,6 @@ from async_task_api_worker.settings import load_settings
 from bench.contenders import our_envelope
 from bench.loops import run
 from bench.trivial_worker import worker
-
-
-async def _confirmed() -> None:
-    """A confirm that is in already."""
 
 
 class NullTransport:
@@ -59,9 +55,16 @@ class NullTransport:
     async def publish(self, delivery: Delivery, report: EncodedReport) -> None:
         """Drop the report."""
 
-    async def send(self, delivery: Delivery, report: EncodedReport) -> Awaitable[None]:
-        """Drop the report; its confirm is in at once."""
-        return _confirmed()
+    async def send(
+        self,
+        delivery: Delivery,
+        report: EncodedReport,
+        *,
+        placed: Callable[[], None] | None = None,
+    ) -> None:
+        """Drop the report: placed, and its confirm in, at once."""
+        if placed is not None:
+            placed()
 
     async def ack(self, delivery: Delivery) -> None:
         """Nothing to settle."""
