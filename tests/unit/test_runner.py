@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
 import threading
@@ -202,7 +203,10 @@ class SlowTake(InMemoryTransport):
         await super().requeue(delivery, count_attempt=count_attempt)
 
 
-async def test_a_delivery_in_hand_but_never_started_is_given_back() -> None:
+async def test_a_delivery_in_hand_but_never_started_is_given_back(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="async_task_api_worker.engine")
     entered = asyncio.Event()
     transport = SlowTake()
     runner = runner_for(blocking_worker(entered), transport, worker_shutdown_grace_s=0.01)
@@ -216,6 +220,10 @@ async def test_a_delivery_in_hand_but_never_started_is_given_back() -> None:
     assert await serving is ExitCode.OK
     assert {d.body for d in transport.given_back} == {body(1), body(2)}
     assert all(m.delivery_count == 0 for m in transport._ready)
+    # Each has its decision line, the one never started too.
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Delivery")]
+    assert len(lines) == 2
+    assert any(line.endswith("reason=never_started") for line in lines)
 
 
 def test_run_worker_drains_on_sigterm_and_exits_0() -> None:

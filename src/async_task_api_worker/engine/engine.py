@@ -39,8 +39,8 @@ from async_task_api_worker.engine.settlement import (
     Settler,
     Verdict,
     give_back_unreported,
+    report_cancelled,
     report_conclusion,
-    report_failure,
     report_refusal,
 )
 from async_task_api_worker.observability import tracing
@@ -61,7 +61,7 @@ from async_task_api_worker.ports import (
     Transport,
 )
 from async_task_api_worker.settings import WorkerSettings
-from async_task_api_worker.task_call import CANCELLED_BY_CLIENT, context_for
+from async_task_api_worker.task_call import context_for
 
 __all__ = ["UNKNOWN_COUNT_LIMIT", "Engine", "StopSignal", "retry_backoff_s"]
 
@@ -85,9 +85,8 @@ class Engine:
         max_hold_s: the longest a report may hold its delivery, in seconds; default: until the
             broker could time the delivery out (``delivery_hold_s``). A face with a budget (the
             ``tick`` command) holds for less.
-        handed_out: for a face whose tasks outlive their delivery (the ``tick`` command):
-            whether a task id was handed out already, so that its redelivery is acked, not run
-            again (``outcome=detached``, ``reason=already_handed_out``).
+        handed_out: the ``tick`` command's: whether a task id was handed out already (its
+            redelivery is acked, ``outcome=detached reason=already_handed_out``).
 
     Raises:
         NoTaskError: the worker has no task.
@@ -182,6 +181,21 @@ class Engine:
             span.ended(settlement)
             return settlement
 
+    async def give_back(self, delivery: Delivery, reason: str) -> Settlement:
+        """Give back a delivery the runtime never started (``shutdown_requeued``, ``reason``).
+
+        It goes back without counting an attempt, with its decision line and metrics.
+
+        Raises:
+            asyncio.CancelledError: the caller was cancelled during the settle (it stands).
+        """
+        arrived_at = self._monotonic()
+        self._notify(_RECEIVED)
+        run = self.reporter_for(delivery, arrived_at)
+        self.admit(run)  # its task id, for the line, when the body has one
+        verdict = Verdict(Outcome.SHUTDOWN_REQUEUED, Action.NACK_REQUEUE, reason=reason)
+        return await self._settler.settle(run, verdict, arrived_at)
+
     async def report_result(
         self,
         conclusion: Conclusion,
@@ -194,23 +208,13 @@ class Engine:
     ) -> Settlement:
         """Report the conclusion of a task whose delivery was settled already, and log it.
 
-        For a face whose tasks outlive their delivery: the ``tick`` command reports each result
-        and each expiry its sweep finds here. The terminal report goes out as for a delivery
-        (held, retried, within the engine's hold), and the decision line and the metrics follow,
-        with ``action=none`` (there is no delivery left to settle) and ``reason``.
-
-        Args:
-            conclusion: the task's conclusion.
-            task_id: the task's id.
-            client_id: its client's id (``None`` when it is lost: an unreadable marker).
-            attempt: the attempt it was handed out at.
-            delivery_limit: the delivery limit it was handed out with; ``None`` when it is
-                lost: the queue's own (``WORKER_DELIVERY_LIMIT``, 2 on a classic queue).
-            reason: why the line is written (``swept_result``, ``swept_expiry``).
+        The ``tick`` command's sweep reports each result and expiry here: the terminal report
+        goes out held as for a delivery, then the decision line (``action=none``, ``reason``:
+        ``swept_result``, ``swept_expiry``) and the metrics. ``client_id`` is ``None`` and
+        ``delivery_limit`` is ``None`` (the queue's own) when the task's marker was lost.
 
         Returns:
-            The settlement: ``success`` or ``failure`` once the report is confirmed,
-            ``publish_failed`` when it could not get out.
+            ``success`` or ``failure`` once the report is confirmed, else ``publish_failed``.
         """
         arrived_at = self._monotonic()
         self._notify(_RECEIVED)
@@ -288,7 +292,7 @@ class Engine:
         verdict: Verdict | None = None
         try:
             if cancel.cancelled:  # its cancel came first: it concludes without running
-                verdict = await self._conclude_cancelled(run)
+                verdict = await report_cancelled(run)
             else:
                 # Confirmed while the handler runs: one confirm round trip per task, not two.
                 run.begin_started()
@@ -309,12 +313,6 @@ class Engine:
         if run.started_error is not None:
             raise run.started_error  # refused for its content: the engine's error, not the task's
         return replace(verdict, handler_ran=True)
-
-    async def _conclude_cancelled(self, run: DeliveryReporter) -> Verdict:
-        verdict = await report_failure(run, CANCELLED_BY_CLIENT)
-        if verdict.outcome is Outcome.FAILURE:
-            return replace(verdict, outcome=Outcome.CANCELLED_BY_CLIENT)
-        return verdict  # the report could not get out: given back, to conclude next time
 
     async def _run_task(
         self, run: DeliveryReporter, task: Admitted, stop: StopSignal, cancel: CancelToken | None
@@ -360,7 +358,7 @@ class Engine:
             if result.outcome is Outcome.PUBLISH_FAILED:
                 return give_back_unreported(run)  # ``started`` could not get out
             if result.outcome is Outcome.CANCELLED_BY_CLIENT:
-                return await self._conclude_cancelled(run)
+                return await report_cancelled(run)
             return Verdict(
                 Outcome.SHUTDOWN_REQUEUED, Action.NACK_REQUEUE, reason=GiveUp.ABORTED.value
             )
@@ -383,7 +381,7 @@ class Engine:
                 run, conclusion, delay_s, stop, cancel=cancel, service=self._service
             )
             # A cancel during the backoff concludes the task here, with no next attempt.
-            return await self._conclude_cancelled(run) if cancel and cancel.cancelled else verdict
+            return await report_cancelled(run) if cancel and cancel.cancelled else verdict
         return await report_conclusion(run, conclusion)
 
     def _notify(self, event: EngineEvent) -> None:

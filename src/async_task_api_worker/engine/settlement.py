@@ -33,12 +33,13 @@ from async_task_api_worker.ports import (
     Settlement,
     Transport,
 )
-from async_task_api_worker.task_call import unreportable
+from async_task_api_worker.task_call import CANCELLED_BY_CLIENT, unreportable
 
 __all__ = [
     "Settler",
     "Verdict",
     "give_back_unreported",
+    "report_cancelled",
     "report_conclusion",
     "report_failure",
     "report_refusal",
@@ -86,6 +87,17 @@ async def report_failure(run: DeliveryReporter, failure: Failure) -> Verdict:
     if not await run.publish_failure(failure.code, failure.message):
         return give_back_unreported(run, failure.code)
     return Verdict(Outcome.FAILURE, Action.CONCLUDE, code=failure.code)
+
+
+async def report_cancelled(run: DeliveryReporter) -> Verdict:
+    """Publish ``failure TASK_CANCELLED`` for a client's cancel: ``cancelled_by_client``.
+
+    A report that could not get out gives the delivery back, to conclude next time.
+    """
+    verdict = await report_failure(run, CANCELLED_BY_CLIENT)
+    if verdict.outcome is Outcome.FAILURE:
+        return replace(verdict, outcome=Outcome.CANCELLED_BY_CLIENT)
+    return verdict
 
 
 async def report_conclusion(run: DeliveryReporter, conclusion: Conclusion) -> Verdict:

@@ -15,6 +15,7 @@ import contextlib
 import logging
 from collections.abc import Iterable
 from enum import StrEnum
+from typing import Final
 
 from async_task_api_worker.definition import Worker
 from async_task_api_worker.engine import Engine, StopSignal
@@ -38,6 +39,10 @@ from async_task_api_worker.settings import WorkerMode, WorkerSettings
 __all__ = ["Runner", "RunnerState"]
 
 _logger = logging.getLogger("async_task_api_worker.runtime")
+
+#: The decision line's ``reason`` for a delivery in hand that the runner never started (it
+#: stopped taking work while the delivery waited for a free slot).
+NEVER_STARTED: Final = "never_started"
 
 
 class RunnerState(StrEnum):
@@ -299,9 +304,8 @@ class Runner:
                 try:
                     await self._slots.acquire()
                 except asyncio.CancelledError:
-                    # In hand but never started: give it back without burning an attempt.
-                    with contextlib.suppress(Exception):
-                        await self._transport.requeue(delivery, count_attempt=False)
+                    # In hand but never started: given back without burning an attempt.
+                    await self._engine.give_back(delivery, NEVER_STARTED)
                     raise
                 task = asyncio.ensure_future(self._handle(delivery))
                 self._in_flight.add(task)
