@@ -19,9 +19,11 @@ import asyncio
 import importlib
 import importlib.util
 import json
+import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import aio_pika
 
@@ -286,6 +288,25 @@ def _taskiq_cli(processes: int) -> list[str]:
 _REDIS = ("redis",)
 _CELERY_RPC = {"reply_to": OUT_QUEUE}
 
+#: Another checkout of this repository (``BENCH_PREVIOUS``, its root): the ``previous-*``
+#: contenders run our worker from its ``src``, beside this checkout's in the same run.
+PREVIOUS = os.environ.get("BENCH_PREVIOUS", "")
+_REPO = Path(__file__).resolve().parents[1]
+
+
+def _previous(key: str, concurrency: int) -> Contender:
+    contender = _ours(
+        key,
+        f"previous code ({Path(PREVIOUS).name or 'BENCH_PREVIOUS'}), async, "
+        f"concurrency {concurrency}",
+        "worker",
+        {"WORKER_CONCURRENCY": str(concurrency)},
+    )
+    # Its src ahead of this checkout's editable install; bench.trivial_worker from here.
+    contender.env["PYTHONPATH"] = f"{PREVIOUS}/src:{_REPO}"
+    return contender
+
+
 CONTENDERS = [
     # The raw loop: started and success overlap (one confirm round trip per task).
     _baseline("baseline", "baseline: raw aio-pika loop, prefetch 1", smoke=True),
@@ -344,6 +365,8 @@ CONTENDERS = [
         "worker",
         {"WORKER_CONCURRENCY": "32"},
     ),
+    _previous("previous-c1", 1),
+    _previous("previous-c32", 32),
     _ours(
         "ours-def-c8",
         "ours, def, concurrency 8",
@@ -481,5 +504,10 @@ CONTENDERS = [
 
 
 def available(contender: Contender) -> bool:
-    """Whether what the contender needs is installed (``uv sync --group bench`` for peers)."""
+    """Whether what the contender needs is installed (``uv sync --group bench`` for peers).
+
+    The ``previous-*`` contenders need ``BENCH_PREVIOUS`` (another checkout's root).
+    """
+    if contender.key.startswith("previous-") and not PREVIOUS:
+        return False
     return all(importlib.util.find_spec(name) is not None for name in contender.requires)
