@@ -9,7 +9,7 @@ re-exported here.
 
 from __future__ import annotations
 
-import contextlib
+import functools
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -70,7 +70,9 @@ class CancelToken:
     __slots__ = ("_callbacks", "_reason")
 
     def __init__(self) -> None:
-        self._callbacks: list[Callable[[], None]] = []
+        # Keyed by registration, so that unregistering is one dict pop: every report and every
+        # handler call registers and unregisters here.
+        self._callbacks: dict[object, Callable[[], None]] = {}
         self._reason: str | None = None
 
     @property
@@ -88,8 +90,8 @@ class CancelToken:
         if self._reason is not None:
             return
         self._reason = reason
-        callbacks, self._callbacks = self._callbacks, []
-        for callback in callbacks:
+        callbacks, self._callbacks = self._callbacks, {}
+        for callback in callbacks.values():
             callback()
 
     def add_callback(self, callback: Callable[[], None]) -> Callable[[], None]:
@@ -97,13 +99,9 @@ class CancelToken:
         if self._reason is not None:
             callback()
             return _nothing
-        self._callbacks.append(callback)
-
-        def remove() -> None:
-            with contextlib.suppress(ValueError):
-                self._callbacks.remove(callback)
-
-        return remove
+        key = object()
+        self._callbacks[key] = callback
+        return functools.partial(self._callbacks.pop, key, None)  # type: ignore[return-value]
 
 
 def _nothing() -> None:
