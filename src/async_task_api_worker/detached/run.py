@@ -22,7 +22,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from async_task_api_worker.conclusion import Failure, Response, conclusion_to_json
+from async_task_api_worker.conclusion import Response, conclusion_to_json
 from async_task_api_worker.detached.state import (
     DONE_SUFFIX,
     INPUT_SUFFIX,
@@ -36,7 +36,6 @@ from async_task_api_worker.detached.state import (
     read_json,
     write_atomically,
 )
-from async_task_api_worker.protocol.codes import ErrorCode
 from async_task_api_worker.targets import load_reference, load_worker
 from async_task_api_worker.task_call import (
     DISCARD_PROGRESS,
@@ -184,12 +183,7 @@ def _watch_deadline(
                 return
         if stop.is_set():
             return
-        if marker.deadline_s is not None:
-            failure = timed_out(marker.deadline_s)  # the same words as every face's timeout
-        else:
-            why = f"the task did not finish by {marker.deadline_at}"
-            failure = Failure(ErrorCode.TASK_TIMEOUT, why)
-        _finish(state_dir, correlation_id, marker, conclusion_to_json(failure))
+        _finish(state_dir, correlation_id, marker, conclusion_to_json(timed_out(marker.duration_s)))
         kill()
 
     threading.Thread(target=watch, name=f"deadline-{correlation_id}", daemon=True).start()
