@@ -141,6 +141,9 @@ def call_here(
             task_id=fields.task_id,
             output_model=task.output_model,
         )
-        if task.kind is HandlerKind.ASYNC:
+        if task.kind is not HandlerKind.ASYNC:
+            return call_sync(request, conclude)
+        try:
             return asyncio.run(call_async(request, conclude))
-        return call_sync(request, conclude)
+        except BaseException as exc:  # a Ctrl-C cancels the loop's main task: still concluded
+            return conclude(exc)
