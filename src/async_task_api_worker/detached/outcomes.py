@@ -1,8 +1,9 @@
-"""The failures a sweep makes for a task whose worker left no result (seed 002, "Per-tick sweep").
+"""A detached task's result file, and the failures a sweep makes when its worker left none.
 
-Written in the one conclusion JSON (``conclusion.conclusion_to_json``), with the correlation id
-and the task's ``meta``, as the detached worker writes its own; a worker still running at its
-deadline is ``TASK_TIMEOUT`` in the task call's words (``task_call.task_timeout``).
+A result file is the one conclusion JSON (``conclusion.conclusion_to_json``) with the
+correlation id and the task's ``meta``, whoever writes it: the worker or a sweep (seed 002,
+"Per-tick sweep"). A worker still running at its deadline is ``TASK_TIMEOUT`` in the task
+call's words (``task_call.task_timeout``).
 """
 
 from __future__ import annotations
@@ -10,12 +11,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Final
 
-from async_task_api_worker.conclusion import Failure, conclusion_to_json
+from async_task_api_worker.conclusion import Conclusion, Failure, conclusion_to_json
 from async_task_api_worker.detached.state import INPUT_SUFFIX, Clocks, Marker, read_json
 from async_task_api_worker.protocol.codes import ErrorCode
 from async_task_api_worker.task_call import task_timeout
 
-__all__ = ["RECOVERED_META", "expiry", "recovered_meta", "swept_failure"]
+__all__ = ["RECOVERED_META", "expiry", "recovered_meta", "result_file"]
 
 #: The fields of ``<id>.input``'s ``context`` (``tick``'s) recovered as a lost marker's meta.
 RECOVERED_META: Final = ("task_id", "client_id", "attempt", "delivery_limit")
@@ -32,9 +33,11 @@ def recovered_meta(state_dir: Path, correlation_id: str) -> dict[str, Any]:
     return {key: context[key] for key in RECOVERED_META if key in context}
 
 
-def swept_failure(correlation_id: str, failure: Failure, meta: dict[str, Any]) -> dict[str, Any]:
-    """The result file's JSON of ``failure`` for ``correlation_id``, with its ``meta``."""
-    return {"correlation_id": correlation_id, **conclusion_to_json(failure), "meta": meta}
+def result_file(
+    correlation_id: str, conclusion: Conclusion, meta: dict[str, Any]
+) -> dict[str, Any]:
+    """A result file's JSON: the one conclusion JSON, with the correlation id and the ``meta``."""
+    return {**conclusion_to_json(conclusion), "correlation_id": correlation_id, "meta": meta}
 
 
 def expiry(marker: Marker, alive: bool, clocks: Clocks) -> Failure:

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from async_task_api_worker.conclusion import Failure
-from async_task_api_worker.detached.outcomes import expiry, recovered_meta, swept_failure
+from async_task_api_worker.detached.outcomes import expiry, recovered_meta, result_file
 from async_task_api_worker.detached.state import (
     CLAIMED,
     DONE_RETENTION_S,
@@ -270,7 +270,7 @@ def _replace_result(run: _Sweep, claimed: Path, name: str, correlation_id: str, 
         return False
     why = f"the detached worker's result could not be read (kept as bad/{moved.name})"
     meta = recovered_meta(run.state_dir, correlation_id)
-    failure = swept_failure(correlation_id, Failure(ErrorCode.WORKER_DIED, why), meta)
+    failure = result_file(correlation_id, Failure(ErrorCode.WORKER_DIED, why), meta)
     try:
         write_atomically(original, json.dumps(failure).encode())
     except OSError:
@@ -367,7 +367,7 @@ def _expire(run: _Sweep, path: Path) -> None:
     failure = expiry(marker, alive, run.clocks)
     _logger.warning("Marker %s expired: %s", correlation_id, failure.code)
     # "expired": the sweep made this result, not the worker (the tick's decision line says so).
-    result = {**swept_failure(correlation_id, failure, marker.meta), "expired": True}
+    result = {**result_file(correlation_id, failure, marker.meta), "expired": True}
     if not _send(run, claimed, original, correlation_id=correlation_id, result=result):
         return
     claimed.unlink(missing_ok=True)

@@ -82,9 +82,9 @@ def in_a_detached_worker(mode: str, state: Path, timeout_s: float = 30) -> Seen:
     (state / f"{task_id}{MARKER_SUFFIX}").write_bytes(
         Marker.new(task_id, timeout_s, fields).to_json()
     )
+    arguments = ["--state-dir", str(state), "--correlation-id", task_id, "--handler", TARGET]
     subprocess.run(
-        [sys.executable, "-m", "async_task_api_worker.detached", "--state-dir", str(state)]
-        + ["--correlation-id", task_id, "--handler", TARGET, "--sdk-worker"],
+        [sys.executable, "-m", "async_task_api_worker.detached", *arguments, "--sdk-worker"],
         cwd=REPO,
         capture_output=True,
         timeout=60,

@@ -247,9 +247,7 @@ def test_the_face_runs_no_loop_signal_handler_or_aws_call_of_its_own() -> None:
                 if name == "signal" and not (isinstance(owner, ast.Name) and owner.id == "signal"):
                     continue
                 assert name not in forbidden, f"{path.name} calls {name}"
-    readers = [
-        path.name for path in SFN.glob("*.py") if "conclusion_from_json" in path.read_text()
-    ]
+    readers = [path.name for path in SFN.glob("*.py") if "conclusion_from_json" in path.read_text()]
     assert readers == ["subprocesses.py"]
 
 
