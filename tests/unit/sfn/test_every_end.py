@@ -130,6 +130,26 @@ async def test_a_subprocess_past_its_budget_is_killed_whole_and_failed() -> None
     assert processes_with(marker) == []
 
 
+@pytest.mark.parametrize(
+    ("fail", "expected"),
+    [
+        (False, ("success", '{"done":true}')),
+        # Its conclusion's code is a name like any other to seed 000's face: not registered.
+        (True, ("failure", "UnknownSubprocessError: NOT_ALLOWED: Not allowed for this account.")),
+    ],
+)
+async def test_an_sdk_tasks_conclusion_reaches_step_functions_in_seed_000s_names(
+    fail: bool, expected: tuple[str, str]
+) -> None:
+    aws = StepFunctions()
+    await worker_on(aws).handle_message(message(case="sdk_task", input={"fail": fail}))
+    ((kind, arguments),) = aws.terminal()
+    if kind == "success":
+        assert (kind, arguments["output"]) == expected
+    else:
+        assert (kind, f"{arguments['error']}: {arguments['cause']}") == expected
+
+
 class Strict(WorkerRequest):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
