@@ -21,7 +21,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from async_task_api_worker.conclusion import Conclusion, Response
+from async_task_api_worker.conclusion import Conclusion
 from async_task_api_worker.detached.outcomes import result_file
 from async_task_api_worker.detached.state import (
     DONE_SUFFIX,
@@ -40,6 +40,7 @@ from async_task_api_worker.targets import load_reference, load_worker
 from async_task_api_worker.task_call import (
     DISCARD_PROGRESS,
     TaskFields,
+    call_function,
     call_here,
     conclude_error,
     timed_out,
@@ -90,14 +91,7 @@ def run_sdk_task(target: str, message: dict[str, Any]) -> Conclusion:
 
 def _run_function(handler: str, message: dict[str, Any]) -> Conclusion:
     """Run a plain function (seed 002): a JSON object in, a JSON object out."""
-    try:
-        response = load_function(handler)(message)
-        if not isinstance(response, dict):
-            raise TypeError(f"the handler returned {type(response).__name__}, not a dict")
-        json.dumps(response, allow_nan=False)
-    except BaseException as exc:  # a crash is a result too
-        return conclude_error(exc)
-    return Response(response)
+    return call_function(lambda: load_function(handler)(message))
 
 
 def _finish(state_dir: Path, correlation_id: str, marker: Marker, conclusion: Conclusion) -> None:

@@ -3,17 +3,19 @@
 Executors decide only where the call runs: :func:`call_async` is the handler's own task on the
 event loop, :func:`call_sync` runs in a thread, :func:`call_in_time` holds either to its
 deadline, and :func:`call_here` is the whole call in a child process (a process-isolated task, a
-detached worker, a Step Functions child). Whatever the handler raises, ``SystemExit`` and
+detached worker, a Step Functions child); :func:`call_function` calls a detached worker's plain
+function (seed 002). Whatever the handler raises, ``SystemExit`` and
 ``KeyboardInterrupt`` included, becomes a conclusion here (:mod:`.conclude`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from async_task_api_worker.conclusion import Conclusion, Failure
+from async_task_api_worker.conclusion import Conclusion, Failure, Response
 from async_task_api_worker.context import ProgressSink, bind_task_fields
 from async_task_api_worker.definition import HandlerKind, TaskDefinition
 from async_task_api_worker.observability import tracing
@@ -26,7 +28,7 @@ from async_task_api_worker.task_call.conclude import (
 )
 from async_task_api_worker.task_call.fields import TaskFields, context_for
 
-__all__ = ["call_async", "call_here", "call_in_time", "call_sync"]
+__all__ = ["call_async", "call_function", "call_here", "call_in_time", "call_sync"]
 
 _Conclude = Callable[[BaseException], Failure]
 
@@ -147,3 +149,19 @@ def call_here(
             return asyncio.run(call_async(request, conclude))
         except BaseException as exc:  # a Ctrl-C cancels the loop's main task: still concluded
             return conclude(exc)
+
+
+def call_function(function: Callable[[], Any]) -> Conclusion:
+    """Call a plain function (seed 002's detached work: a JSON object out) and conclude it.
+
+    A value that is not a ``dict`` of strict JSON is the function's failure, as is whatever it
+    raises (:func:`~.conclude.conclude_error`).
+    """
+    try:
+        response = function()
+        if not isinstance(response, dict):
+            raise TypeError(f"the handler returned {type(response).__name__}, not a dict")
+        json.dumps(response, allow_nan=False)
+    except BaseException as exc:  # a crash is a result too
+        return conclude_error(exc)
+    return Response(response)
