@@ -133,9 +133,9 @@ async def test_a_subprocess_past_its_budget_is_killed_whole_and_failed() -> None
 @pytest.mark.parametrize(
     ("fail", "expected"),
     [
-        (False, ("success", '{"done":true}')),
+        (False, ("success", '{"slept":0.0}')),
         # Its conclusion's code is a name like any other to seed 000's face: not registered.
-        (True, ("failure", "UnknownSubprocessError: NOT_ALLOWED: Not allowed for this account.")),
+        (True, ("failure", "UnknownSubprocessError: NAP_REFUSED: This nap was refused.")),
     ],
 )
 async def test_an_sdk_tasks_conclusion_reaches_step_functions_in_seed_000s_names(
