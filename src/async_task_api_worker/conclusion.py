@@ -2,7 +2,8 @@
 
 The task call (:mod:`async_task_api_worker.task_call`) makes a :data:`Conclusion`; every face
 reports it as it is. It crosses process boundaries (a process-isolated child's answer, a
-detached worker's result file) as one JSON shape, written and read here alone::
+detached worker's result file, a Step Functions child's stdout) as one JSON shape, written and
+read here alone::
 
     {"ok": true, "response": {...}}
     {"ok": false, "error": {"code": "...", "message": "...", "retryable": false,
@@ -14,6 +15,7 @@ rules (``protocol/codes.py``) is a :class:`ValueError`.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +34,7 @@ __all__ = [
     "Response",
     "conclusion_from_json",
     "conclusion_to_json",
+    "dump_conclusion",
 ]
 
 
@@ -94,8 +97,28 @@ def conclusion_to_json(conclusion: Conclusion) -> dict[str, Any]:
     }
 
 
+def dump_conclusion(conclusion: Conclusion) -> bytes:
+    r"""``conclusion`` as its JSON object in strict UTF-8 text (a child's answer on a pipe).
+
+    A lone surrogate is written as its ``\u`` escape, the one form UTF-8 can carry.
+
+    Raises:
+        ValueError: the response holds NaN or an infinity (not JSON).
+        TypeError: the response holds a value JSON has no form for.
+    """
+    document = conclusion_to_json(conclusion)
+    text = json.dumps(document, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        return json.dumps(document, allow_nan=False, separators=(",", ":")).encode("ascii")
+
+
 def conclusion_from_json(
-    document: object, *, sdk_codes: frozenset[str] = frozenset()
+    document: object,
+    *,
+    sdk_codes: frozenset[str] = frozenset(),
+    names: bool = False,
 ) -> Conclusion:
     """Read a conclusion back, checking every field.
 
@@ -104,6 +127,8 @@ def conclusion_from_json(
         sdk_codes: the reserved codes (``protocol.codes.RESERVED_ERROR_CODES``) its writer may
             claim: a child process cannot claim a timeout or a dead worker, only what its task
             call concludes.
+        names: the code may also be a name its reader translates (seed 000's exception class
+            names, ``sfn.subprocesses``): any non-empty string.
 
     Raises:
         ValueError: not the shape of the module's docstring, or a code, message or delay that
@@ -121,7 +146,7 @@ def conclusion_from_json(
         raise ValueError("a failure without its 'error' object")
     code, message = error.get("code"), error.get("message")
     retryable, delay = error.get("retryable", False), error.get("retry_delay_s")
-    if not isinstance(code, str) or not ERROR_CODE_PATTERN.fullmatch(code):
+    if not isinstance(code, str) or not (ERROR_CODE_PATTERN.fullmatch(code) or (names and code)):
         raise ValueError("a failure whose code breaks the code rule")
     if code in RESERVED_ERROR_CODES and code not in sdk_codes:
         raise ValueError(f"a failure with the SDK's own code {code}, which its writer cannot claim")

@@ -3,10 +3,9 @@
 ``python -m async_task_api_worker.detached --state-dir D --correlation-id C --handler H`` (what
 :func:`~async_task_api_worker.detached.spawn.spawn_detached` starts). The worker records its
 identity in the marker, runs the handler under the marker's deadline, and writes a result file
-whatever happens: the conclusion of the task call (``{"ok": true, "response": ...}`` or ``{"ok":
-false, "error": {"code", "message", ...}}``, ``conclusion.conclusion_to_json``; a crash is a
-result too, seed 002). An SDK task runs through the task call (``task_call.call_here``), as in
-every face. At the deadline it writes ``TASK_TIMEOUT`` and kills its own process group.
+whatever happens: the conclusion in the one conclusion JSON (``outcomes.result_file``; a crash
+is a result too, seed 002). An SDK task runs through the task call (``task_call.call_here``),
+as in every face. At the deadline it writes ``TASK_TIMEOUT`` and kills its own process group.
 """
 
 from __future__ import annotations
@@ -22,7 +21,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from async_task_api_worker.conclusion import Failure, Response, conclusion_to_json
+from async_task_api_worker.conclusion import Conclusion
+from async_task_api_worker.detached.outcomes import result_file
 from async_task_api_worker.detached.state import (
     DONE_SUFFIX,
     INPUT_SUFFIX,
@@ -36,11 +36,11 @@ from async_task_api_worker.detached.state import (
     read_json,
     write_atomically,
 )
-from async_task_api_worker.protocol.codes import ErrorCode
 from async_task_api_worker.targets import load_reference, load_worker
 from async_task_api_worker.task_call import (
     DISCARD_PROGRESS,
     TaskFields,
+    call_function,
     call_here,
     conclude_error,
     timed_out,
@@ -68,7 +68,7 @@ def load_function(reference: str) -> Callable[..., Any]:
     return function  # type: ignore[no-any-return]
 
 
-def run_sdk_task(target: str, message: dict[str, Any]) -> dict[str, Any]:
+def run_sdk_task(target: str, message: dict[str, Any]) -> Conclusion:
     """Run the task of the SDK worker ``target`` on ``message`` (``input`` and ``context``).
 
     Through the task call (``task_call.call_here``), as every face runs a handler: the same
@@ -76,7 +76,7 @@ def run_sdk_task(target: str, message: dict[str, Any]) -> dict[str, Any]:
     tick concludes with its code.
 
     Returns:
-        The conclusion as its JSON object (``conclusion.conclusion_to_json``).
+        The task call's conclusion.
     """
     task = load_worker(target).task_definition
     try:
@@ -85,24 +85,17 @@ def run_sdk_task(target: str, message: dict[str, Any]) -> dict[str, Any]:
         if not isinstance(raw_input, dict):
             raise TypeError("the input is not a JSON object")
     except (KeyError, TypeError, ValueError) as exc:
-        return conclusion_to_json(conclude_error(exc))
-    return conclusion_to_json(call_here(task, raw_input, fields, DISCARD_PROGRESS))
+        return conclude_error(exc)
+    return call_here(task, raw_input, fields, DISCARD_PROGRESS)
 
 
-def _run_function(handler: str, message: dict[str, Any]) -> dict[str, Any]:
+def _run_function(handler: str, message: dict[str, Any]) -> Conclusion:
     """Run a plain function (seed 002): a JSON object in, a JSON object out."""
-    try:
-        response = load_function(handler)(message)
-        if not isinstance(response, dict):
-            raise TypeError(f"the handler returned {type(response).__name__}, not a dict")
-        json.dumps(response, allow_nan=False)
-    except BaseException as exc:  # a crash is a result too
-        return conclusion_to_json(conclude_error(exc))
-    return conclusion_to_json(Response(response))
+    return call_function(lambda: load_function(handler)(message))
 
 
-def _finish(state_dir: Path, correlation_id: str, marker: Marker, result: dict[str, Any]) -> None:
-    """Write the result (once), marker or not, unless the task was reported already.
+def _finish(state_dir: Path, correlation_id: str, marker: Marker, conclusion: Conclusion) -> None:
+    """Write the result file (once), marker or not, unless the task was reported already.
 
     The marker is claimed by rename, as a sweep claims it, and dropped after the write. If it
     is gone (a sweep expired it, or moved it aside as unreadable), the result is written all
@@ -117,7 +110,7 @@ def _finish(state_dir: Path, correlation_id: str, marker: Marker, result: dict[s
         _finished.add(result_path)
         claimed = claim(state_dir / f"{correlation_id}{MARKER_SUFFIX}")
         if not (state_dir / f"{correlation_id}{DONE_SUFFIX}").exists():
-            result = {**result, "correlation_id": correlation_id, "meta": marker.meta}
+            result = result_file(correlation_id, conclusion, marker.meta)
             write_atomically(result_path, json.dumps(result).encode())
         if claimed is not None:
             claimed.unlink(missing_ok=True)
@@ -144,14 +137,15 @@ def run_work(
     """
     if marker is None:
         marker = Marker.from_json(read_json(state_dir / f"{correlation_id}{MARKER_SUFFIX}"))
+    conclusion: Conclusion
     try:
         message = read_json(state_dir / f"{correlation_id}{INPUT_SUFFIX}")
     except (OSError, ValueError) as exc:
-        result = conclusion_to_json(conclude_error(exc))
+        conclusion = conclude_error(exc)
     else:
         run = run_sdk_task if sdk_worker else _run_function
-        result = run(handler, message)
-    _finish(state_dir, correlation_id, marker, result)
+        conclusion = run(handler, message)
+    _finish(state_dir, correlation_id, marker, conclusion)
 
 
 def _kill_own_group() -> None:
@@ -184,12 +178,7 @@ def _watch_deadline(
                 return
         if stop.is_set():
             return
-        if marker.deadline_s is not None:
-            failure = timed_out(marker.deadline_s)  # the same words as every face's timeout
-        else:
-            why = f"the task did not finish by {marker.deadline_at}"
-            failure = Failure(ErrorCode.TASK_TIMEOUT, why)
-        _finish(state_dir, correlation_id, marker, conclusion_to_json(failure))
+        _finish(state_dir, correlation_id, marker, timed_out(marker.duration_s))
         kill()
 
     threading.Thread(target=watch, name=f"deadline-{correlation_id}", daemon=True).start()

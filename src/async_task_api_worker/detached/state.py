@@ -360,6 +360,14 @@ class Marker:
         """Whether the deadline has passed, on the system's clocks."""
         return self.is_past_deadline(SYSTEM_CLOCKS)
 
+    @property
+    def duration_s(self) -> float:
+        """Seconds the work may take: ``deadline_s``, else ``started_at`` to ``deadline_at``."""
+        if self.deadline_s is not None:
+            return self.deadline_s
+        ends, began = (datetime.fromisoformat(at) for at in (self.deadline_at, self.started_at))
+        return max(0.0, (ends - began).total_seconds())
+
     def remaining_s(self, clocks: Clocks = SYSTEM_CLOCKS) -> float:
         """Seconds left before the deadline (the worker's own watchdog), at least 0.
 

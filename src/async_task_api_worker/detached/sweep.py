@@ -12,8 +12,7 @@ task its name gives gets ``WORKER_DIED``: at once for a result; for a marker, at
 ``fallback_deadline_s`` after the file's last write, unless its worker's result comes first.
 A result the sweep makes for an expired marker carries ``"expired": true``.
 
-The module is over 400 lines: delivery, expiry, recovery of unreadable files and the one-outcome
-record are one protocol over one directory, each step guarding the others' races.
+The failures a sweep makes itself, in the one conclusion JSON, come from :mod:`.outcomes`.
 """
 
 from __future__ import annotations
@@ -30,6 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
+from async_task_api_worker.conclusion import Failure
+from async_task_api_worker.detached.outcomes import expiry, recovered_meta, result_file
 from async_task_api_worker.detached.state import (
     CLAIMED,
     DONE_RETENTION_S,
@@ -56,13 +57,6 @@ _logger = logging.getLogger("async_task_api_worker.detached")
 #: A claimed file still there after this many seconds belongs to a sweep that was killed
 #: between its send and its delete: it is delivered again (a duplicate, by design).
 STALE_CLAIM_S: Final = 300.0
-
-#: The error codes of the results a sweep makes for markers past their deadline.
-WORKER_DIED: Final = ErrorCode.WORKER_DIED.value
-TASK_TIMEOUT: Final = ErrorCode.TASK_TIMEOUT.value
-
-#: The fields of ``<id>.input``'s ``context`` (``tick``'s) recovered as a lost marker's meta.
-RECOVERED_META: Final = ("task_id", "client_id", "attempt", "delivery_limit")
 
 SendResult = Callable[[str, dict[str, Any]], object]
 
@@ -221,17 +215,6 @@ def _send(
     return True
 
 
-def _recovered_meta(state_dir: Path, correlation_id: str) -> dict[str, Any]:
-    """The task's ``meta`` from ``<id>.input``'s ``context`` (``tick`` writes it), or ``{}``."""
-    try:
-        context = read_json(state_dir / f"{correlation_id}{INPUT_SUFFIX}").get("context")
-    except (OSError, ValueError):
-        return {}
-    if not isinstance(context, dict):
-        return {}
-    return {key: context[key] for key in RECOVERED_META if key in context}
-
-
 def _unreadable(run: _Sweep, path: Path, name: str, kind: str, why: str) -> Path | None:
     """Move an unreadable file aside (ERROR line) and count it; ``None`` if it was gone."""
     moved = move_aside(path, why, what=f"Unreadable {kind}")
@@ -286,8 +269,8 @@ def _replace_result(run: _Sweep, claimed: Path, name: str, correlation_id: str, 
     if moved is None or not _reportable(run, correlation_id, name) or original.exists():
         return False
     why = f"the detached worker's result could not be read (kept as bad/{moved.name})"
-    meta = _recovered_meta(run.state_dir, correlation_id)
-    failure = _failure(correlation_id, WORKER_DIED, why, meta)
+    meta = recovered_meta(run.state_dir, correlation_id)
+    failure = result_file(correlation_id, Failure(ErrorCode.WORKER_DIED, why), meta)
     try:
         write_atomically(original, json.dumps(failure).encode())
     except OSError:
@@ -319,7 +302,7 @@ def _replace_marker(run: _Sweep, path: Path, why: str) -> tuple[Path, Marker] | 
     marker = Marker.handed_out(
         correlation_id,
         run.fallback_deadline_s,
-        _recovered_meta(run.state_dir, correlation_id),
+        recovered_meta(run.state_dir, correlation_id),
         # The file's age, from the wall clock (all there is), carried onto the boot clock.
         age_s=max(0.0, run.clocks.wall() - written_at),
         clocks=run.clocks,
@@ -381,30 +364,12 @@ def _expire(run: _Sweep, path: Path) -> None:
         # Its identity checked (pid, start time, boot): the group it leads is the worker's.
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(marker.pid, signal.SIGKILL)
-    code = TASK_TIMEOUT if alive else WORKER_DIED
-    _logger.warning("Marker %s expired: %s", correlation_id, code)
-    message = _expiry_message(marker, alive, run.clocks)
+    failure = expiry(marker, alive, run.clocks)
+    _logger.warning("Marker %s expired: %s", correlation_id, failure.code)
     # "expired": the sweep made this result, not the worker (the tick's decision line says so).
-    result = {**_failure(correlation_id, code, message, marker.meta), "expired": True}
+    result = {**result_file(correlation_id, failure, marker.meta), "expired": True}
     if not _send(run, claimed, original, correlation_id=correlation_id, result=result):
         return
     claimed.unlink(missing_ok=True)
     _forget(run.state_dir, correlation_id)
     run.report.expired.append(correlation_id)
-
-
-def _failure(correlation_id: str, code: str, message: str, meta: dict[str, Any]) -> dict[str, Any]:
-    error = {"code": code, "message": message}
-    return {"correlation_id": correlation_id, "ok": False, "error": error, "meta": meta}
-
-
-def _expiry_message(marker: Marker, alive: bool, clocks: Clocks) -> str:
-    deadline = marker.deadline_at
-    if alive:
-        return f"the detached worker was still running at its deadline ({deadline}): killed"
-    if marker.from_another_boot(clocks):
-        return "the machine restarted before the detached worker left a result"
-    if marker.recovered_from is not None:
-        bad = f"bad/{marker.recovered_from}"
-        return f"the detached worker's marker could not be read (kept as {bad}), no result came"
-    return f"the detached worker died without a result (deadline {deadline})"

@@ -21,24 +21,14 @@ from typing import Any
 
 from async_task_api_worker.conclusion import Conclusion
 from async_task_api_worker.context import task_log_extra
-from async_task_api_worker.executors.inline import HandlerExitError
 from async_task_api_worker.ports import ExecutionRequest
-from async_task_api_worker.task_call import conclude_error, conclude_value, timed_out
+from async_task_api_worker.task_call import call_in_time, call_sync
 
 __all__ = ["ThreadExecutor"]
 
 _logger = logging.getLogger("async_task_api_worker.executors.thread")
 
 _Call = tuple[Future[Any], Callable[[], Any]]
-
-
-def _call(request: ExecutionRequest) -> Any:
-    try:
-        return request.handler(request.task_input, request.context)
-    except Exception:
-        raise
-    except BaseException as exc:
-        raise HandlerExitError(f"the handler raised {type(exc).__name__}") from exc
 
 
 class _DaemonThreads:
@@ -132,33 +122,22 @@ class ThreadExecutor:
             return tuple(self._running[f] for f in self._abandoned if f in self._running)
 
     async def execute(self, request: ExecutionRequest) -> Conclusion:
-        """Run the handler in a thread, with the caller's context variables, and conclude it.
+        """Run the task call (``task_call.call_sync``) in a thread, with the caller's context.
 
         Returns:
             The call's conclusion; ``TASK_TIMEOUT`` when the deadline passed (the thread keeps
-            running, recorded as stuck). A ``BaseException`` (``SystemExit``...) is an
-            ``INTERNAL_ERROR`` (:class:`~async_task_api_worker.executors.inline.HandlerExitError`).
+            running, recorded as stuck).
         """
         context = contextvars.copy_context()
-        future = self._threads.submit(functools.partial(context.run, _call, request))
+        future = self._threads.submit(functools.partial(context.run, call_sync, request))
         with self._lock:
             self._running[future] = request.task_id
         future.add_done_callback(self._finished)
-        deadline = asyncio.timeout(request.timeout_s)
-        try:
-            async with deadline:
-                value = await asyncio.wrap_future(future)
-        except TimeoutError as exc:
-            if deadline.expired():
-                self._abandon(future)
-                return timed_out(request.timeout_s)
-            return conclude_error(exc)  # the handler's own TimeoutError
-        except asyncio.CancelledError:
+
+        async def abandon() -> None:
             self._abandon(future)
-            raise
-        except Exception as exc:
-            return conclude_error(exc)
-        return conclude_value(request.output_model, value)
+
+        return await call_in_time(asyncio.wrap_future(future), request.timeout_s, abandon)
 
     def _abandon(self, future: Future[Any]) -> None:
         with self._lock:

@@ -6,6 +6,8 @@ They are raised by the worker, never dispatched from a subprocess's output: a ch
 
 from __future__ import annotations
 
+from async_task_api_worker.conclusion import Failure
+
 __all__ = [
     "FRAMEWORK_EXCEPTIONS",
     "AbortedStaleTask",
@@ -15,6 +17,7 @@ __all__ = [
     "SubprocessOutputTooLarge",
     "SubprocessTimeoutError",
     "UnknownSubprocessError",
+    "named_failure",
 ]
 
 
@@ -40,7 +43,7 @@ class SubprocessCrashError(Exception):
 class MalformedSubprocessOutput(Exception):
     """The subprocess left no valid output.
 
-    Its stdout was not a JSON object (exit 0), or not an ``ErrorOutput`` envelope (exit 1), or
+    Its stdout was not a conclusion with a response (exit 0), or with a failure (exit 1), or
     it exited with another code.
     """
 
@@ -67,3 +70,12 @@ FRAMEWORK_EXCEPTIONS: tuple[type[Exception], ...] = (
     SubprocessTimeoutError,
     UnknownSubprocessError,
 )
+
+
+def named_failure(exc: BaseException, message: str | None = None) -> Failure:
+    """Seed 000's failure for ``exc``: its class name as the code, ``message`` or its text.
+
+    The name is looked up in the consumer's ``exception_levels`` at the face's edge
+    (``sfn.subprocesses``), never here.
+    """
+    return Failure(type(exc).__name__, str(exc) if message is None else message)

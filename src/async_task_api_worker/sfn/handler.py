@@ -2,8 +2,10 @@
 
 The request arrives in ``WORKER_REQUEST`` (the raw SQS body) or, when it is too large or not
 fit for an environment variable, in a private file named by ``WORKER_REQUEST_FILE``: read
-either way, transparently. The result is written on stdout: a JSON object and exit 0, or an
-``ErrorOutput`` envelope and exit 1 (the traceback goes to stderr). While the handler runs, file
+either way, transparently. The conclusion is written on stdout as every child writes it
+(``conclusion.dump_conclusion``): the response and exit 0, or a failure whose code is the
+exception's class name (seed 000's name, which the parent looks up) and exit 1 (the traceback
+goes to stderr). While the handler runs, file
 descriptor 1 points at stderr, so its ``print()`` calls, a library's banner or a C extension's
 writes cannot corrupt the result: only ``run_handler`` writes to the real stdout.
 """
@@ -12,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import json
 import os
 import sys
 import traceback
@@ -21,14 +22,17 @@ from typing import Any, Final, NoReturn, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
+from async_task_api_worker.conclusion import Conclusion, Failure, Response, dump_conclusion
 from async_task_api_worker.observability import tracing
 from async_task_api_worker.protocol.envelope import describe_validation_error, model_field_names
-from async_task_api_worker.sfn.request import ErrorOutput, WorkerRequest
+from async_task_api_worker.sfn.errors import named_failure
+from async_task_api_worker.sfn.request import WorkerRequest
 
 __all__ = [
     "REQUEST_ENV",
     "REQUEST_FILE_ENV",
     "read_request",
+    "conclude_and_exit",
     "result_channel",
     "run_handler",
     "write_and_exit",
@@ -60,18 +64,12 @@ def _read_request() -> str:
     return os.environ[REQUEST_ENV]
 
 
-def _result_json(result: Any) -> str:
+def _response(result: Any) -> Response:
     if isinstance(result, BaseModel):
         result = result.model_dump(mode="json")
     if not isinstance(result, dict):
         raise TypeError(f"the handler returned {type(result).__name__}, not a JSON object")
-    # Strict JSON: Step Functions refuses NaN and Infinity.
-    text = json.dumps(result, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:  # a lone surrogate: written as its \u escape, still JSON
-        text = json.dumps(result, allow_nan=False, separators=(",", ":"))
-    return text
+    return Response(result)
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -101,17 +99,27 @@ def write_and_exit(result_fd: int, data: bytes, code: int) -> NoReturn:
     os._exit(code)
 
 
+def conclude_and_exit(result_fd: int, conclusion: Conclusion) -> NoReturn:
+    """Write ``conclusion`` as the result and exit: 0 after a response, 1 after a failure.
+
+    Raises:
+        ValueError, TypeError: a response that is not JSON (nothing is written then).
+    """
+    data = dump_conclusion(conclusion)
+    write_and_exit(result_fd, data, 1 if isinstance(conclusion, Failure) else 0)
+
+
 def run_handler(request_schema: type[RequestT], handler: Callable[[RequestT], Any]) -> NoReturn:
     """Parse the request, run ``handler`` on it, write the result, and exit.
 
     Args:
         request_schema: the subprocess's full request model (a ``WorkerRequest`` subclass).
         handler: takes the validated request and returns a pydantic model or a dict (a JSON
-            object); may be ``async def``. Anything it raises becomes an ``ErrorOutput`` with
-            the exception's class name and message (a validation error of the request is
+            object); may be ``async def``. Anything it raises becomes a failure with the
+            exception's class name and message (a validation error of the request is
             described by field names and error types, never values).
 
-    Exits with 0 after a result, 1 after an ``ErrorOutput``.
+    Exits with 0 after a response, 1 after a failure.
     """
     result_fd = result_channel()
     try:
@@ -120,7 +128,7 @@ def run_handler(request_schema: type[RequestT], handler: Callable[[RequestT], An
             result = handler(request)
             if inspect.isawaitable(result):
                 result = asyncio.run(_awaited(result))
-        data = _result_json(result)
+        conclude_and_exit(result_fd, _response(result))
     except BaseException as exc:
         if isinstance(exc, ValidationError):
             # Pydantic's own text and traceback quote the values: only names and types here,
@@ -131,9 +139,7 @@ def run_handler(request_schema: type[RequestT], handler: Callable[[RequestT], An
         else:
             traceback.print_exc()
             message = str(exc)
-        envelope = ErrorOutput(error=type(exc).__name__, message=message)
-        write_and_exit(result_fd, envelope.model_dump_json().encode(), 1)
-    write_and_exit(result_fd, data.encode("utf-8"), 0)
+        conclude_and_exit(result_fd, named_failure(exc, message))
 
 
 async def _awaited(awaitable: Any) -> Any:

@@ -27,9 +27,10 @@ class WorkerRequest(BaseModel):
 
 
 class ErrorOutput(BaseModel):
-    """What a failing subprocess writes on stdout, then exits 1.
+    """Seed 000's name for what a failing subprocess reports: the failure's code and message.
 
-    ``error`` is the exception's class name, ``message`` its text.
+    ``error`` is the exception's class name, ``message`` its text. On stdout they travel as
+    the failure of the one conclusion JSON (``conclusion.dump_conclusion``), then exit 1.
     """
 
     error: str

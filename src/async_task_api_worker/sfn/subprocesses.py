@@ -5,20 +5,23 @@ of its own (``executors.process.group``: killed whole, reaped, its pipes drained
 it: its deadline, a stale token, a drain), under a supervisor that kills the group if the worker
 itself is killed (:mod:`.launch`). The request travels as seed 000 says: the raw body
 in ``WORKER_REQUEST``, or, when it is 64 KiB or more, in a private file named by
-``WORKER_REQUEST_FILE``. The result comes back on stdout, and :func:`interpret` is seed 000's
-reading of it, here alone:
+``WORKER_REQUEST_FILE``. The conclusion comes back on stdout, in the one shape every child
+writes (``conclusion.dump_conclusion``), read by the one reader; :func:`interpret` translates
+it to seed 000's names, here alone:
 
 | the subprocess... | conclusion |
 | --- | --- |
-| exits 0 with a JSON object on stdout | a response: that object |
+| exits 0 with a response | a response: that object |
 | ... with more than 1 MiB of stdout | ``RESULT_TOO_LARGE`` |
-| exits 1 with an ``ErrorOutput`` naming a registered class | that class's name and message |
+| exits 1 with a failure naming a registered class | that class's name and message |
 | ... naming anything else (the framework's own names too) | ``UnknownSubprocessError`` |
 | dies from a signal | ``WORKER_CRASHED`` |
 | leaves anything else (not strict JSON, another exit code) | ``INVALID_RESULT`` |
 | runs past its budget | ``TASK_TIMEOUT`` |
 
-Step Functions gets seed 000's names for the SDK codes (:data:`SEED_ERROR_NAMES`). Its stderr
+The wordings of a crash, an exit without a result and a timeout are the task call's
+(``task_call``). Step Functions gets seed 000's names for the SDK codes
+(:data:`SEED_ERROR_NAMES`). Its stderr
 is logged redacted, at DEBUG after a normal end and WARNING when it is the clue to a crash.
 """
 
@@ -34,9 +37,7 @@ import tempfile
 from collections.abc import Callable
 from typing import Any, Final
 
-from pydantic import ValidationError
-
-from async_task_api_worker.conclusion import Conclusion, Failure, Response
+from async_task_api_worker.conclusion import Conclusion, Failure, Response, conclusion_from_json
 from async_task_api_worker.executors.process.group import (
     TaskProcess,
     end_group,
@@ -47,7 +48,7 @@ from async_task_api_worker.executors.process.group import (
 from async_task_api_worker.executors.process.output import OutputTail
 from async_task_api_worker.observability import tracing
 from async_task_api_worker.ports import ExecutionRequest
-from async_task_api_worker.protocol.codes import ErrorCode
+from async_task_api_worker.protocol.codes import RESERVED_ERROR_CODES, ErrorCode
 from async_task_api_worker.protocol.encoding import strict_loads
 from async_task_api_worker.sfn.errors import (
     MalformedMessage,
@@ -56,10 +57,11 @@ from async_task_api_worker.sfn.errors import (
     SubprocessOutputTooLarge,
     SubprocessTimeoutError,
     UnknownSubprocessError,
+    named_failure,
 )
 from async_task_api_worker.sfn.handler import REQUEST_ENV, REQUEST_FILE_ENV
 from async_task_api_worker.sfn.levels import ExceptionLevels
-from async_task_api_worker.sfn.request import ErrorOutput
+from async_task_api_worker.task_call import process_ended, process_killed, task_timeout
 from async_task_api_worker.transports.sqs_sfn.codec import MAX_ERROR_CHARS, MAX_OUTPUT_BYTES
 
 __all__ = [
@@ -122,47 +124,42 @@ def interpret(
     if code < 0:
         name = signal_name(code)
         levels.log(SubprocessCrashError, "%s was killed by %s", module, name)
-        return Failure(ErrorCode.WORKER_CRASHED, f"the subprocess was killed by {name}"), False
+        return process_killed(name), False
     if code == 0 and stdout.total > MAX_STDOUT_BYTES:
         levels.log(SubprocessOutputTooLarge, "%s wrote %d bytes", module, stdout.total)
         failure = Failure(
             ErrorCode.RESULT_TOO_LARGE, f"the result is over {MAX_OUTPUT_BYTES} bytes"
         )
         return failure, True
-    document = _strict_object(stdout.data) if code in (0, 1) else None
-    if code == 0 and document is not None:
-        return Response(document), True
-    if code == 1 and document is not None:
-        with contextlib.suppress(ValidationError):
-            return _registered(ErrorOutput.model_validate(document), levels, module), True
+    conclusion = _conclusion(stdout.data) if code in (0, 1) else None
+    if code == 0 and isinstance(conclusion, Response):
+        return conclusion, True
+    if code == 1 and isinstance(conclusion, Failure):
+        return _registered(conclusion, levels, module), True
     levels.log(MalformedSubprocessOutput, "%s exited with %s and no valid output", module, code)
-    return (
-        Failure(
-            ErrorCode.INVALID_RESULT,
-            f"the subprocess exited with code {code} without a valid result",
-        ),
-        False,
-    )
+    return process_ended(code), False
 
 
-def _strict_object(data: bytes) -> dict[str, Any] | None:
+def _conclusion(data: bytes) -> Conclusion | None:
     try:
-        value = strict_loads(data.decode("utf-8"))
-    except (ValueError, RecursionError):  # not UTF-8, not JSON, NaN, 1e400, a huge integer
+        document = strict_loads(data.decode("utf-8"))
+        # Any code: a class name is looked up below; an SDK code (an SDK task's child,
+        # ``sfn.task_child``) is a name like any other here, as seed 000 reads it.
+        return conclusion_from_json(document, sdk_codes=RESERVED_ERROR_CODES, names=True)
+    except (ValueError, RecursionError):  # not UTF-8, not JSON, NaN, 1e400, not a conclusion
         return None
-    return value if isinstance(value, dict) else None
 
 
-def _registered(envelope: ErrorOutput, levels: ExceptionLevels, module: str) -> Failure:
-    kind = levels.registered(envelope.error)
+def _registered(failure: Failure, levels: ExceptionLevels, module: str) -> Failure:
+    kind = levels.registered(failure.code)
     if kind is None:
-        levels.log(UnknownSubprocessError, "%s raised an unknown %s", module, envelope.error)
+        levels.log(UnknownSubprocessError, "%s raised an unknown %s", module, failure.code)
         return Failure(
             UnknownSubprocessError.__name__,
-            f"{envelope.error[:MAX_ERROR_CHARS]}: {envelope.message}",
+            f"{failure.code[:MAX_ERROR_CHARS]}: {failure.message}",
         )
     levels.log(kind, "%s raised %s", module, kind.__name__)
-    return Failure(kind.__name__, envelope.message)
+    return Failure(kind.__name__, failure.message)
 
 
 class SubprocessExecutor:
@@ -207,7 +204,7 @@ class SubprocessExecutor:
             raise
         except BaseException as exc:  # SystemExit too: routing code must not end the worker
             self._levels.log(type(exc), "No subprocess for the request: %s", type(exc).__name__)
-            return Failure(type(exc).__name__, str(exc))
+            return named_failure(exc)
         return await self._run(module, request_text(dict(request.raw_input)), request)
 
     async def _run(self, module: str, body: str, request: ExecutionRequest) -> Conclusion:
@@ -259,12 +256,7 @@ class SubprocessExecutor:
                 log_tails((stderr,), task_id=request.task_id, level=level, logger=_logger)
         if code is None:
             self._levels.log(SubprocessTimeoutError, "%s ran past its time and was killed", module)
-            minutes = request.timeout_s / 60
-            return Failure(
-                ErrorCode.TASK_TIMEOUT,
-                f"the subprocess ran past {minutes:g} minute{'' if minutes == 1 else 's'} and "
-                "was killed",
-            )
+            return task_timeout(request.timeout_s)
         conclusion, normal = interpret(code, stdout, levels=self._levels, module=module)
         log_tails(
             (stderr,),

@@ -8,9 +8,10 @@ a JSON object::
     {"task_token": "...", "input": {...}, "task_id": "optional", "client_id": "optional"}
 
 The handler runs through the task call (:mod:`async_task_api_worker.task_call`), as in every
-other face, so the same exception gets the same code and message: a response is written on
-stdout with exit 0; a failure as ``ErrorOutput(error=<code>, message=<message>)`` with exit 1.
-``retryable`` is not carried: Step Functions is the retry source (its ``Retry`` on the code).
+other face, so the same exception gets the same code and message, and its conclusion is written
+on stdout as every child writes it (``conclusion.dump_conclusion``): exit 0 after a response, 1
+after a failure. A response that is not JSON concludes as it would in a report
+(``task_call.sendable``). Step Functions is the retry source (its ``Retry`` on the code).
 
 Unlike the rest of ``sfn`` (seed 000's extractable framework), this module uses the SDK's task
 call and worker definition: it is the bridge between the two.
@@ -23,13 +24,15 @@ from typing import Any, NoReturn
 
 from async_task_api_worker.conclusion import Conclusion, Failure
 from async_task_api_worker.definition import Worker
-from async_task_api_worker.errors import ReportEncodeError
 from async_task_api_worker.observability import tracing
 from async_task_api_worker.protocol.codes import ErrorCode
-from async_task_api_worker.protocol.encoding import canonical_dumps
-from async_task_api_worker.sfn.handler import read_request, result_channel, write_and_exit
-from async_task_api_worker.sfn.request import ErrorOutput
-from async_task_api_worker.task_call import DISCARD_PROGRESS, TaskFields, call_here, unreportable
+from async_task_api_worker.sfn.handler import (
+    conclude_and_exit,
+    read_request,
+    result_channel,
+    write_and_exit,
+)
+from async_task_api_worker.task_call import DISCARD_PROGRESS, TaskFields, call_here, sendable
 
 __all__ = ["run_task"]
 
@@ -63,13 +66,4 @@ def run_task(worker: Worker) -> NoReturn:
         conclusion = _conclude(worker, read_request())
     except BaseException:  # no request at all: the parent reports a malformed output
         write_and_exit(result_fd, b"", 2)
-    if isinstance(conclusion, Failure):
-        output = ErrorOutput(error=conclusion.code, message=conclusion.message)
-        write_and_exit(result_fd, output.model_dump_json().encode(), 1)
-    try:
-        body = canonical_dumps(conclusion.value)  # the report encoder's own rule for JSON
-    except ReportEncodeError as exc:  # NaN, Infinity: as every face reports it
-        failure = unreportable(exc)
-        output = ErrorOutput(error=failure.code, message=failure.message)
-        write_and_exit(result_fd, output.model_dump_json().encode(), 1)
-    write_and_exit(result_fd, body, 0)
+    conclude_and_exit(result_fd, sendable(conclusion))

@@ -2,6 +2,6 @@ import os
 import sys
 
 # Pretends to be the worker's own control-flow exception.
-sys.stdout.write('{"error": "AbortedStaleTask", "message": "fake"}')
+sys.stdout.write('{"ok": false, "error": {"code": "AbortedStaleTask", "message": "fake"}}')
 sys.stdout.flush()
 os._exit(1)

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from async_task_api_worker.conclusion import Response
 from async_task_api_worker.detached import Marker, spawn_detached, sweep
 from async_task_api_worker.detached.run import _finish
 from async_task_api_worker.detached.state import (
@@ -98,7 +99,7 @@ def test_a_worker_writes_its_result_without_its_marker_but_not_once_its_task_was
     tmp_path: Path,
 ) -> None:
     marker = Marker.new("o-3", 60, {"k": 1})
-    _finish(tmp_path, "o-3", marker, {"ok": True, "response": {"n": 1}})  # no marker file
+    _finish(tmp_path, "o-3", marker, Response({"n": 1}))  # no marker file
     assert read_json(tmp_path / "o-3.json") == {
         "ok": True,
         "response": {"n": 1},
@@ -107,7 +108,7 @@ def test_a_worker_writes_its_result_without_its_marker_but_not_once_its_task_was
     }
     write_atomically(tmp_path / "o-4.running", Marker.new("o-4", 60, {}).to_json())
     (tmp_path / "o-4.done").touch()
-    _finish(tmp_path, "o-4", Marker.new("o-4", 60, {}), {"ok": True, "response": {}})
+    _finish(tmp_path, "o-4", Marker.new("o-4", 60, {}), Response({}))
     assert sorted(path.name for path in tmp_path.iterdir()) == ["o-3.json", "o-4.done"]
 
 

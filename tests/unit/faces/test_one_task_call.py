@@ -1,8 +1,9 @@
 """The same handler raising the same exception is reported alike by every face.
 
-In-process, in a process-isolated child, in a detached worker and in a Step Functions child,
-the task call (``task_call``) concludes the handler: the same code and message, or the same
-response, whatever face runs it.
+In-process (``async def`` on the event loop, ``def`` in a thread), in a process-isolated child,
+in a detached worker and in a Step Functions child, the task call (``task_call``) concludes the
+handler: the same code and message, or the same response, whatever face runs it. A child's
+conclusion is read back with the one reader (``conclusion.conclusion_from_json``).
 """
 
 from __future__ import annotations
@@ -11,15 +12,18 @@ import json
 import os
 import subprocess
 import sys
-import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from async_task_api_worker.detached import spawn_detached
+from async_task_api_worker import Worker
+from async_task_api_worker.conclusion import Conclusion, Failure, conclusion_from_json
+from async_task_api_worker.detached import Marker
+from async_task_api_worker.detached.state import INPUT_SUFFIX, MARKER_SUFFIX, RESULT_SUFFIX
+from async_task_api_worker.protocol.codes import RESERVED_ERROR_CODES
 from async_task_api_worker.testing import WorkerHarness
-from tests.unit.faces.workers import inline, isolated
+from tests.unit.faces.workers import RELEASE, inline, isolated, threaded
 
 TARGET = "tests.unit.faces.workers:inline"
 REPO = Path(__file__).resolve().parents[3]
@@ -40,12 +44,27 @@ EXPECTED: dict[str, Seen] = {
 }
 
 
-async def in_the_harness(mode: str, *, process: bool, timeout_s: float = 30) -> Seen:
+@pytest.fixture(autouse=True)
+def release_hanging_threads() -> Iterator[None]:
+    RELEASE.clear()
+    yield
+    RELEASE.set()
+
+
+def seen(conclusion: Conclusion) -> Seen:
+    if isinstance(conclusion, Failure):
+        return conclusion.code, conclusion.message
+    return "", json.dumps(conclusion.value)
+
+
+def read_back(document: object) -> Seen:
+    return seen(conclusion_from_json(document, sdk_codes=RESERVED_ERROR_CODES))
+
+
+async def in_the_harness(mode: str, worker: Worker, *, timeout_s: float = 30) -> Seen:
     # One attempt: a retryable failure concludes at once, as it does in a detached worker.
     overrides = {"worker_delivery_limit": 1, "worker_task_timeout_s": timeout_s}
-    async with WorkerHarness(
-        isolated if process else inline, settings_overrides=overrides
-    ) as harness:
+    async with WorkerHarness(worker, settings_overrides=overrides) as harness:
         run = await harness.submit({"mode": mode})
     if run.error is not None:
         return run.error.code, run.error.message
@@ -53,26 +72,25 @@ async def in_the_harness(mode: str, *, process: bool, timeout_s: float = 30) -> 
 
 
 def in_a_detached_worker(mode: str, state: Path, timeout_s: float = 30) -> Seen:
-    fields = {
-        "task_id": f"t-{mode}",
-        "client_id": "c",
-        "service": "faces",
-        "attempt": 1,
-        "delivery_limit": 1,
-    }
+    """The detached worker's process, as ``spawn_detached`` starts it, waited for to its end."""
+    task_id = f"t-{mode}"
+    fields = {"task_id": task_id, "client_id": "c", "service": "faces", "attempt": 1}
+    fields["delivery_limit"] = 1
+    state.mkdir(parents=True, exist_ok=True)
     work = {"input": {"mode": mode}, "context": {**fields, "input_refs": []}}
-    spawn_detached(
-        state, f"t-{mode}", work, handler=TARGET, deadline_s=timeout_s, meta=fields, sdk_worker=True
+    (state / f"{task_id}{INPUT_SUFFIX}").write_text(json.dumps(work))
+    (state / f"{task_id}{MARKER_SUFFIX}").write_bytes(
+        Marker.new(task_id, timeout_s, fields).to_json()
     )
-    result_path = state / f"t-{mode}.json"
-    deadline = time.monotonic() + 30
-    while not result_path.exists():
-        assert time.monotonic() < deadline, "no result from the detached worker"
-        time.sleep(0.02)
-    result: dict[str, Any] = json.loads(result_path.read_text())
-    if result["ok"]:
-        return "", json.dumps(result["response"])
-    return result["error"]["code"], result["error"]["message"]
+    arguments = ["--state-dir", str(state), "--correlation-id", task_id, "--handler", TARGET]
+    subprocess.run(
+        [sys.executable, "-m", "async_task_api_worker.detached", *arguments, "--sdk-worker"],
+        cwd=REPO,
+        capture_output=True,
+        timeout=60,
+        check=False,  # at its deadline it kills its own process group, itself included
+    )
+    return read_back(json.loads((state / f"{task_id}{RESULT_SUFFIX}").read_text()))
 
 
 STEP_FUNCTIONS_CHILD = (
@@ -93,18 +111,17 @@ def in_a_step_functions_child(mode: str) -> Seen:
         timeout=60,
         check=False,
     )
-    output = json.loads(done.stdout)
-    if done.returncode == 0:
-        return "", json.dumps(output)
-    assert done.returncode == 1, done.stderr
-    return output["error"], output["message"]
+    code, message = read_back(json.loads(done.stdout))
+    assert done.returncode == (1 if code else 0), done.stderr  # seed 000's exit codes
+    return code, message
 
 
 @pytest.mark.parametrize("mode", sorted(EXPECTED))
 async def test_every_face_reports_the_same_handler_alike(mode: str, tmp_path: Path) -> None:
     seen = {
-        "in-process": await in_the_harness(mode, process=False),
-        "process-isolated child": await in_the_harness(mode, process=True),
+        "in-process, async def": await in_the_harness(mode, inline),
+        "in-process, def": await in_the_harness(mode, threaded),
+        "process-isolated child": await in_the_harness(mode, isolated),
         "detached worker": in_a_detached_worker(mode, tmp_path / "state"),
         "Step Functions child": in_a_step_functions_child(mode),
     }
@@ -114,11 +131,12 @@ async def test_every_face_reports_the_same_handler_alike(mode: str, tmp_path: Pa
 async def test_a_timeout_is_reported_alike_where_the_face_keeps_the_deadline(
     tmp_path: Path,
 ) -> None:
-    # A Step Functions child has no deadline of its own: its parent kills it.
+    # A Step Functions child has no deadline of its own: its parent kills it (tests/unit/sfn).
     expected = ("TASK_TIMEOUT", "the task did not finish within 1 s")
     seen = {
-        "in-process": await in_the_harness("hang", process=False, timeout_s=1),
-        "process-isolated child": await in_the_harness("hang", process=True, timeout_s=1),
+        "in-process, async def": await in_the_harness("hang", inline, timeout_s=1),
+        "in-process, def": await in_the_harness("hang", threaded, timeout_s=1),
+        "process-isolated child": await in_the_harness("hang", isolated, timeout_s=1),
         "detached worker": in_a_detached_worker("hang", tmp_path / "state", timeout_s=1),
     }
     assert seen == dict.fromkeys(seen, expected)
@@ -132,6 +150,10 @@ async def test_a_result_that_is_not_json_is_reported_alike_by_the_worker_and_the
         "INVALID_RESULT",
         "the handler's result cannot be reported: value is not canonical JSON: ValueError",
     )
-    assert await in_the_harness("nan", process=False) == expected
-    assert await in_the_harness("nan", process=True) == expected
-    assert in_a_step_functions_child("nan") == expected
+    seen = {
+        "in-process, async def": await in_the_harness("nan", inline),
+        "in-process, def": await in_the_harness("nan", threaded),
+        "process-isolated child": await in_the_harness("nan", isolated),
+        "Step Functions child": in_a_step_functions_child("nan"),
+    }
+    assert seen == dict.fromkeys(seen, expected)

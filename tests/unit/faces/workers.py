@@ -1,13 +1,15 @@
-"""One handler, declared for the faces that run it in-process and in a child process."""
+"""One handler, declared for every face that runs it: in-process (async def and def) and in a
+child process."""
 
 from __future__ import annotations
 
 import asyncio
+import threading
 from typing import Literal
 
 from pydantic import BaseModel
 
-from async_task_api_worker import FatalError, RetryableError, TaskContext, Worker
+from async_task_api_worker import FatalError, RetryableError, SyncTaskContext, TaskContext, Worker
 
 
 class Job(BaseModel):
@@ -22,6 +24,10 @@ class Answer(BaseModel):
     """A valid result."""
 
     value: float
+
+
+#: Set by a test once it is done: a ``def`` handler left hanging then returns.
+RELEASE = threading.Event()
 
 
 def behave(job: Job) -> Answer:
@@ -46,9 +52,20 @@ inline = Worker("faces")
 
 @inline.task(timeout=30)
 async def handle(job: Job, ctx: TaskContext) -> Answer:
-    """In the worker's own process."""
+    """In the worker's own process, on its event loop."""
     if job.mode == "hang":
-        await asyncio.sleep(60)
+        await asyncio.Event().wait()
+    return behave(job)
+
+
+threaded = Worker("faces")
+
+
+@threaded.task(timeout=30)
+def handle_in_a_thread(job: Job, ctx: SyncTaskContext) -> Answer:
+    """In the worker's own process, in a thread."""
+    if job.mode == "hang":
+        RELEASE.wait()
     return behave(job)
 
 
@@ -59,5 +76,5 @@ isolated = Worker("faces")
 async def handle_isolated(job: Job, ctx: TaskContext) -> Answer:
     """In a child process of its own."""
     if job.mode == "hang":
-        await asyncio.sleep(60)
+        await asyncio.Event().wait()
     return behave(job)

@@ -22,6 +22,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 from pydantic import BaseModel
 
 from async_task_api_worker import FatalError, SyncTaskContext, TaskContext, Worker
+from async_task_api_worker.conclusion import Response, conclusion_from_json
 from async_task_api_worker.observability import tracing
 from async_task_api_worker.observability.logging import JsonFormatter, TaskContextFilter
 from async_task_api_worker.ports import Action, Outcome
@@ -257,19 +258,20 @@ def test_without_the_extra_the_worker_runs_untraced() -> None:
     assert done.stdout.strip() == "untraced"
 
 
-def test_a_step_functions_child_continues_the_trace_of_its_environment(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    from async_task_api_worker.sfn import task_child
-
-    worker = child_worker()
+def test_a_step_functions_child_continues_the_trace_of_its_environment() -> None:
     with traced() as spans, spans.tracer.start_as_current_span("process q") as process:
-        for name, value in tracing.carrier_to_env().items():  # as sfn.subprocesses sets them
-            monkeypatch.setenv(name, value)
+        environment = tracing.carrier_to_env()  # as sfn.subprocesses sets them
     assert isinstance(process, ReadableSpan)
-    conclusion = task_child._conclude(worker, json.dumps({"task_token": "t", "input": {}}))
+    child = (
+        "from async_task_api_worker.sfn.task_child import run_task\n"
+        "from tests.unit.observability.test_tracing import child_worker\n"
+        "run_task(child_worker())\n"
+    )
+    request = json.dumps({"task_token": "t", "input": {}})
+    done = fresh_interpreter(child, WORKER_REQUEST=request, **environment)
     trace_id, span_id = ids(process)
-    assert conclusion.value == {"seen_trace_id": trace_id, "seen_parent_id": span_id}  # type: ignore[union-attr]
+    seen = {"seen_trace_id": trace_id, "seen_parent_id": span_id}
+    assert conclusion_from_json(json.loads(done.stdout)) == Response(seen)
 
 
 class Failing(SpanProcessor):

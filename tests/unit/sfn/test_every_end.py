@@ -126,8 +126,28 @@ async def test_a_subprocess_past_its_budget_is_killed_whole_and_failed() -> None
     await worker_on(aws, minutes=0.02).handle_message(message(case="long", marker=marker))
     ((kind, arguments),) = aws.terminal()
     assert (kind, arguments["error"]) == ("failure", "SubprocessTimeoutError")
-    assert arguments["cause"] == "the subprocess ran past 0.02 minutes and was killed"
+    assert arguments["cause"] == "the task did not finish within 1.2 s"  # 0.02 minutes
     assert processes_with(marker) == []
+
+
+@pytest.mark.parametrize(
+    ("fail", "expected"),
+    [
+        (False, ("success", '{"slept":0.0}')),
+        # Its conclusion's code is a name like any other to seed 000's face: not registered.
+        (True, ("failure", "UnknownSubprocessError: NAP_REFUSED: This nap was refused.")),
+    ],
+)
+async def test_an_sdk_tasks_conclusion_reaches_step_functions_in_seed_000s_names(
+    fail: bool, expected: tuple[str, str]
+) -> None:
+    aws = StepFunctions()
+    await worker_on(aws).handle_message(message(case="sdk_task", input={"fail": fail}))
+    ((kind, arguments),) = aws.terminal()
+    if kind == "success":
+        assert (kind, arguments["output"]) == expected
+    else:
+        assert (kind, f"{arguments['error']}: {arguments['cause']}") == expected
 
 
 class Strict(WorkerRequest):

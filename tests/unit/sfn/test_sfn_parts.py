@@ -18,8 +18,15 @@ import boto3
 import pytest
 from botocore.stub import Stubber
 
+from async_task_api_worker.conclusion import (
+    Conclusion,
+    Failure,
+    Response,
+    conclusion_from_json,
+)
 from async_task_api_worker.errors import PublishError, ReportRefusedError
 from async_task_api_worker.ports import Delivery
+from async_task_api_worker.protocol.codes import RESERVED_ERROR_CODES
 from async_task_api_worker.sfn import WorkerRequest
 from async_task_api_worker.sfn.levels import ExceptionLevels
 from async_task_api_worker.sfn.protection import TaskProtection
@@ -161,19 +168,27 @@ run_handler(Request, handle)
 """
 
 
+def conclusion_of(done: subprocess.CompletedProcess[str]) -> Conclusion:
+    """The child's conclusion, read as its parent reads it (any name as its code)."""
+    document = json.loads(done.stdout)
+    return conclusion_from_json(document, sdk_codes=RESERVED_ERROR_CODES, names=True)
+
+
 def test_run_handler_reads_the_file_keeps_prints_off_and_is_strict(tmp_path: Path) -> None:
     request = tmp_path / "request.json"
     request.write_text(json.dumps({"task_token": "t", "size": 3}))
     done = run_child(CHILD, {"WORKER_REQUEST_FILE": str(request)})
-    assert (done.returncode, json.loads(done.stdout)) == (0, {"size": 3})
+    assert (done.returncode, conclusion_of(done)) == (0, Response({"size": 3}))
     assert "noise on stdout" in done.stderr
     nan = run_child(CHILD, {"WORKER_REQUEST": json.dumps({"task_token": "t", "size": -1})})
+    failure = conclusion_of(nan)
     assert nan.returncode == 1
-    assert json.loads(nan.stdout)["error"] == "ValueError"
+    assert isinstance(failure, Failure) and failure.code == "ValueError"
     invalid = run_child(CHILD, {"WORKER_REQUEST": '{"task_token": "t", "size": "SECRET"}'})
-    envelope = json.loads(invalid.stdout)
-    assert (invalid.returncode, envelope["error"]) == (1, "ValidationError")
-    assert "SECRET" not in envelope["message"] and "size" in envelope["message"]
+    failure = conclusion_of(invalid)
+    assert isinstance(failure, Failure)
+    assert (invalid.returncode, failure.code) == (1, "ValidationError")
+    assert "SECRET" not in failure.message and "size" in failure.message
     assert "SECRET" not in invalid.stderr and "'t'" not in invalid.stderr  # nor the token
 
 
@@ -192,9 +207,8 @@ run_handler(Request, lambda request: {"size": request.size})
 def test_run_handler_names_no_client_field_of_a_refused_request() -> None:
     body = json.dumps({"task_token": "t", "size": 1, "CLIENT_KEY_NAME_31": "v"})
     done = run_child(STRICT_CHILD, {"WORKER_REQUEST": body})
-    envelope = json.loads(done.stdout)
-    assert (done.returncode, envelope["error"]) == (1, "ValidationError")
-    assert envelope["message"] == "invalid request: <key>: extra_forbidden"
+    failure = Failure("ValidationError", "invalid request: <key>: extra_forbidden")
+    assert (done.returncode, conclusion_of(done)) == (1, failure)
     assert "CLIENT_KEY_NAME_31" not in done.stderr
 
 
@@ -233,9 +247,7 @@ def test_the_face_runs_no_loop_signal_handler_or_aws_call_of_its_own() -> None:
                 if name == "signal" and not (isinstance(owner, ast.Name) and owner.id == "signal"):
                     continue
                 assert name not in forbidden, f"{path.name} calls {name}"
-    readers = [
-        path.name for path in SFN.glob("*.py") if "ErrorOutput.model_validate" in path.read_text()
-    ]
+    readers = [path.name for path in SFN.glob("*.py") if "conclusion_from_json" in path.read_text()]
     assert readers == ["subprocesses.py"]
 
 

@@ -20,7 +20,6 @@ import sys
 from collections.abc import Callable
 from typing import Any, cast
 
-from async_task_api_worker.conclusion import Failure
 from async_task_api_worker.context import ProgressDropReason, ProgressUpdate
 from async_task_api_worker.definition import TASK_PROCESS_ENV, TaskDefinition, read_task
 from async_task_api_worker.executors.process.channel import (
@@ -34,9 +33,8 @@ from async_task_api_worker.executors.process.channel import (
 from async_task_api_worker.executors.process.group import become_subreaper, die_with_parent
 from async_task_api_worker.observability.logging import RECORD_ATTRIBUTES, json_scalar
 from async_task_api_worker.observability.redaction import exception_type_name
-from async_task_api_worker.protocol.codes import ErrorCode
 from async_task_api_worker.targets import load_reference
-from async_task_api_worker.task_call import call_here
+from async_task_api_worker.task_call import call_here, sendable
 
 __all__ = ["become_subreaper", "die_with_parent", "load_handler", "serve_one"]
 
@@ -111,16 +109,11 @@ def _apply_limits(request: TaskRequest) -> None:
         resource.setrlimit(resource.RLIMIT_CPU, (seconds, seconds + 1))
 
 
-def _memory_limit_hit(request: TaskRequest) -> Failure | None:
-    """A ``MemoryError`` under a memory limit is the limit, not the handler: a crash."""
-    if request.memory_limit_bytes is None:
-        return None
+def _release_reserve(exc: BaseException) -> None:
+    """Free the memory set aside, so that a ``MemoryError``'s answer has room to be made."""
     global _RESERVE  # noqa: PLW0603 - released once, to have room for the answer
-    _RESERVE = None
-    return Failure(
-        ErrorCode.WORKER_CRASHED,
-        f"the task hit its memory limit of {request.memory_limit_bytes} bytes",
-    )
+    if isinstance(exc, MemoryError):
+        _RESERVE = None
 
 
 def serve_one(channel_fd: int, task: TaskDefinition) -> int:
@@ -140,15 +133,13 @@ def serve_one(channel_fd: int, task: TaskDefinition) -> int:
             request.raw_input,
             request.fields,
             _ChannelSink(channel),
-            on_exception=lambda exc: (
-                _memory_limit_hit(request) if isinstance(exc, MemoryError) else None
-            ),
+            memory_limit_bytes=request.memory_limit_bytes,
+            on_exception=_release_reserve,
         )
         try:
             channel.send(OutcomeMessage(conclusion).to_json())
-        except ValueError:  # not JSON after all (a float the encoder refuses)
-            invalid = Failure(ErrorCode.INVALID_RESULT, "the handler's result is not JSON")
-            channel.send(OutcomeMessage(invalid).to_json())
+        except ValueError:  # not JSON after all: the failure its report would have met
+            channel.send(OutcomeMessage(sendable(conclusion)).to_json())
     except Exception:
         return 3
     finally:

@@ -51,7 +51,13 @@ from async_task_api_worker.executors.process.group import (
 from async_task_api_worker.executors.process.output import OutputTail
 from async_task_api_worker.ports import ExecutionRequest
 from async_task_api_worker.protocol.codes import ErrorCode
-from async_task_api_worker.task_call import conclude_error, fields_of, timed_out
+from async_task_api_worker.task_call import (
+    conclude_error,
+    fields_of,
+    process_ended,
+    process_killed,
+    timed_out,
+)
 
 __all__ = ["EXIT_GRACE_S", "REAP_TIMEOUT_S", "ProcessExecutor"]
 
@@ -355,10 +361,7 @@ def _exit_failure(child: TaskProcess, code: int | None) -> Failure:
         return _no_result(
             ErrorCode.WORKER_CRASHED, "the task's process was lost (its fork server stopped)"
         )
-    if code < 0 and not child.killed:
-        return _no_result(
-            ErrorCode.WORKER_CRASHED, f"the task's process was killed by {signal_name(code)}"
-        )
-    return _no_result(
-        ErrorCode.INVALID_RESULT, f"the task's process exited (code {code}) without a result"
+    ended = (
+        process_killed(signal_name(code)) if code < 0 and not child.killed else process_ended(code)
     )
+    return _no_result(ended.code, ended.message)

@@ -1,0 +1,55 @@
+"""A detached task's result file, and the failures a sweep makes when its worker left none.
+
+A result file is the one conclusion JSON (``conclusion.conclusion_to_json``) with the
+correlation id and the task's ``meta``, whoever writes it: the worker or a sweep (seed 002,
+"Per-tick sweep"). A worker still running at its deadline is ``TASK_TIMEOUT`` in the task
+call's words (``task_call.task_timeout``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Final
+
+from async_task_api_worker.conclusion import Conclusion, Failure, conclusion_to_json
+from async_task_api_worker.detached.state import INPUT_SUFFIX, Clocks, Marker, read_json
+from async_task_api_worker.protocol.codes import ErrorCode
+from async_task_api_worker.task_call import task_timeout
+
+__all__ = ["RECOVERED_META", "expiry", "recovered_meta", "result_file"]
+
+#: The fields of ``<id>.input``'s ``context`` (``tick``'s) recovered as a lost marker's meta.
+RECOVERED_META: Final = ("task_id", "client_id", "attempt", "delivery_limit")
+
+
+def recovered_meta(state_dir: Path, correlation_id: str) -> dict[str, Any]:
+    """The task's ``meta`` from ``<id>.input``'s ``context`` (``tick`` writes it), or ``{}``."""
+    try:
+        context = read_json(state_dir / f"{correlation_id}{INPUT_SUFFIX}").get("context")
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(context, dict):
+        return {}
+    return {key: context[key] for key in RECOVERED_META if key in context}
+
+
+def result_file(
+    correlation_id: str, conclusion: Conclusion, meta: dict[str, Any]
+) -> dict[str, Any]:
+    """A result file's JSON: the one conclusion JSON, with the correlation id and the ``meta``."""
+    return {**conclusion_to_json(conclusion), "correlation_id": correlation_id, "meta": meta}
+
+
+def expiry(marker: Marker, alive: bool, clocks: Clocks) -> Failure:
+    """A marker past its deadline: ``TASK_TIMEOUT`` if its worker is alive, else ``WORKER_DIED``."""
+    if alive:  # killed at its deadline, as every face ends a task past it
+        return task_timeout(marker.duration_s)
+    deadline = marker.deadline_at
+    if marker.from_another_boot(clocks):
+        why = "the machine restarted before the detached worker left a result"
+    elif marker.recovered_from is not None:
+        bad = f"bad/{marker.recovered_from}"
+        why = f"the detached worker's marker could not be read (kept as {bad}), no result came"
+    else:
+        why = f"the detached worker died without a result (deadline {deadline})"
+    return Failure(ErrorCode.WORKER_DIED, why)
