@@ -32,8 +32,9 @@ from async_task_api_worker.engine.admission import (
 )
 from async_task_api_worker.engine.cancels import CancelBook, Cancels
 from async_task_api_worker.engine.execution import Stopped, StopSignal, execute
+from async_task_api_worker.engine.hold import GiveUp
 from async_task_api_worker.engine.progress import ProgressThrottle
-from async_task_api_worker.engine.reporting import DeliveryReporter, GiveUp
+from async_task_api_worker.engine.reporting import DeliveryReporter
 from async_task_api_worker.engine.retries import requeue_for_retry, retry_backoff_s
 from async_task_api_worker.engine.settlement import (
     Settler,

@@ -15,11 +15,19 @@ import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
-from enum import Enum, StrEnum
-from typing import Any, Final
+from enum import Enum
+from typing import Any
 
 from async_task_api_worker.context import ProgressDropReason, ProgressUpdate, task_log_extra
 from async_task_api_worker.engine import report_log
+from async_task_api_worker.engine.hold import (
+    HOLD_LOG_EVERY_S,
+    LAST_TRY_MARGIN_S,
+    PROGRESS_CONFIRM_WAIT_S,
+    PUBLISH_RETRY_FIRST_S,
+    PUBLISH_RETRY_MAX_S,
+    GiveUp,
+)
 from async_task_api_worker.engine.waits import until
 from async_task_api_worker.errors import PublishError, ReportEncodeError, ReportRefusedError
 from async_task_api_worker.observability import tracing
@@ -46,34 +54,7 @@ from async_task_api_worker.protocol.reports import (
     format_timestamp,
 )
 
-__all__ = [
-    "PROGRESS_CONFIRM_WAIT_S",
-    "PUBLISH_RETRY_FIRST_S",
-    "PUBLISH_RETRY_MAX_S",
-    "DeliveryReporter",
-    "GiveUp",
-]
-
-#: The first and the longest wait before publishing an unconfirmed report again, in seconds.
-PUBLISH_RETRY_FIRST_S: Final = 0.1
-PUBLISH_RETRY_MAX_S: Final = 5.0
-#: How long a ``progress`` report (best-effort, never retried) waits for its confirm, in seconds.
-PROGRESS_CONFIRM_WAIT_S: Final = 30.0
-#: The last try of a held report starts at least this long before the hold ends, in seconds.
-LAST_TRY_MARGIN_S: Final = 0.5
-#: While a report is held, its refusals are logged at most once per this many seconds.
-HOLD_LOG_EVERY_S: Final = 60.0
-
-
-class GiveUp(StrEnum):
-    """Why a report other than ``progress`` was not confirmed (the decision line's ``reason``)."""
-
-    #: Still unconfirmed when the broker could soon time out the delivery (``consumer_timeout``).
-    HOLD_EXPIRED = "report_held_until_consumer_timeout"
-    #: The transport withdrew the delivery (its channel closed; the broker requeued it).
-    WITHDRAWN = "delivery_withdrawn"
-    #: The grace period of a shutdown ran out while the report was held.
-    ABORTED = "grace_period_over"
+__all__ = ["DeliveryReporter"]
 
 
 class _Started(Enum):
@@ -123,6 +104,11 @@ class DeliveryReporter:
     _started_state: _Started = field(default=_Started.UNSENT, repr=False)
     _started_moved: asyncio.Future[None] | None = field(default=None, repr=False)
     _taken_over: bool = field(default=False, repr=False)
+    #: Whether this try of a report got its place (then only a nack says it is not in).
+    _placed: bool = field(default=False, repr=False)
+    #: A terminal report that may be in the queue (placed, its confirm lost): a lost
+    #: ``started`` is no longer sent ahead of it, where it could land after it.
+    _terminal_maybe_in: bool = field(default=False, repr=False)
 
     def _fields(self) -> dict[str, Any]:
         return {
@@ -256,7 +242,9 @@ class DeliveryReporter:
             await self.transport.send(
                 self.delivery,
                 encoded,
-                placed=functools.partial(self._mark, _Started.SENT) if is_started else None,
+                placed=functools.partial(self._mark, _Started.SENT)
+                if is_started
+                else self._got_place,
             )
         except BaseException:
             if is_started:
@@ -267,6 +255,9 @@ class DeliveryReporter:
                 await asyncio.wait({started})
         if is_started:
             self._mark(_Started.CONFIRMED)
+
+    def _got_place(self) -> None:
+        self._placed = True
 
     async def _try_behind_started(self, encoded: EncodedReport, started: EncodedReport) -> None:
         """Resend a lost ``started`` (a task, on this rare path), ``encoded`` once it is placed."""
@@ -285,7 +276,7 @@ class DeliveryReporter:
         self._mark(_Started.SENT)
         refused: Exception | None = None
         try:
-            await self.transport.send(self.delivery, encoded)
+            await self.transport.send(self.delivery, encoded, placed=self._got_place)
         except Exception as exc:
             refused = exc
         except BaseException:
@@ -333,11 +324,13 @@ class DeliveryReporter:
                 if not progress:
                     self._give_up(kind, why)
                 return False
+            self._placed = False
+            carries_started = terminal and not self._terminal_maybe_in
             try:
                 confirmed = await until(
                     self._try(
                         encoded,
-                        carries_started=terminal and self._started_state is _Started.LOST,
+                        carries_started=carries_started and self._started_state is _Started.LOST,
                     ),
                     give_up_at - self.monotonic(),
                     self.delivery.cancel_token,
@@ -355,6 +348,7 @@ class DeliveryReporter:
                 ) from exc
             except PublishError as exc:
                 self.notify(PublishFailed(kind))
+                self._terminal_maybe_in |= terminal and self._placed and not exc.not_taken
                 if self._stopped() is not None or (is_started and self._taken_over):
                     continue  # said once, at the loop's top
                 refusals += 1
@@ -381,6 +375,7 @@ class DeliveryReporter:
                 continue
             if not confirmed:  # the wait ran out, or was stopped, before the confirm
                 self.notify(PublishFailed(kind))
+                self._terminal_maybe_in |= terminal and self._placed
                 continue
             self.notify(ReportPublished(kind))
             return True

@@ -20,7 +20,8 @@ from async_task_api_worker.conclusion import Conclusion, Failure
 from async_task_api_worker.context import task_log_extra
 from async_task_api_worker.engine.admission import Refused
 from async_task_api_worker.engine.decision import log_decision
-from async_task_api_worker.engine.reporting import DeliveryReporter, GiveUp
+from async_task_api_worker.engine.hold import GiveUp
+from async_task_api_worker.engine.reporting import DeliveryReporter
 from async_task_api_worker.errors import ReportEncodeError, SettleError
 from async_task_api_worker.observability import tracing
 from async_task_api_worker.observability.redaction import exception_type_name

@@ -8,13 +8,14 @@ broker refuses and when.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 from pydantic import BaseModel
 
 from async_task_api_worker import TaskContext, Worker
-from async_task_api_worker.errors import MessageTooLargeError
+from async_task_api_worker.errors import MessageTooLargeError, PublishError
 from async_task_api_worker.ports import Action, Delivery, Outcome
 from async_task_api_worker.protocol import EncodedReport
 from async_task_api_worker.transports.memory import InMemoryTransport
@@ -148,6 +149,30 @@ async def test_when_both_are_refused_started_is_sent_again_ahead_of_the_terminal
     ]
 
 
+async def test_a_terminal_report_that_may_be_in_already_is_sent_again_without_started(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """``started`` refused, the terminal report taken but its confirm lost with the connection.
+
+    Sending ``started`` again ahead of the next try would put it behind a terminal report that
+    may be in the queue already; the terminal report goes again alone (the same message id).
+    """
+    transport = Watched()
+    transport.hold_confirms()
+    transport.refuse_next_confirm("started")
+    transport.lose_next_confirm("success")
+    handling = asyncio.create_task(
+        engine_for(quick_worker([]), transport, **ROOM_TO_RETRY).handle(deliver(transport))
+    )
+    await transport.event("success").wait()
+    transport.release_confirms()
+    settlement = await handling
+    assert (settlement.outcome, settlement.action) == (Outcome.SUCCESS, Action.ACK)
+    assert types(transport) == ["success", "success"]  # never a started after a success
+    assert {sent.report.properties.message_id for sent in transport.published} == {"t-1/1/1"}
+    assert "without started" in caplog.text
+
+
 async def test_a_started_that_gives_up_stops_the_running_handler_and_gives_the_delivery_back() -> (
     None
 ):
@@ -219,12 +244,19 @@ class ClosesOnTooLarge(Watched):
             raise MessageTooLargeError(f"message size {len(report.body)} > {self.limit}")
         await super().publish(delivery, report)
 
-    async def _confirm(self, report: EncodedReport, *, refused: bool) -> None:
+    async def send(
+        self,
+        delivery: Delivery,
+        report: EncodedReport,
+        *,
+        placed: Callable[[], None] | None = None,
+    ) -> None:
         try:
-            await super()._confirm(report, refused=refused)
-        finally:
-            if refused and report.type == "started":
+            await super().send(delivery, report, placed=placed)
+        except PublishError:
+            if report.type == "started":
                 self.event("started-lost").set()
+            raise
 
 
 async def test_a_result_too_large_fails_with_its_code_even_when_started_was_lost_with_it() -> None:

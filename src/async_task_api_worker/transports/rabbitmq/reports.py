@@ -155,7 +155,6 @@ class ReportPublisher:
             PublishError: the broker did not confirm it (nack, return, lost channel), or an
                 earlier report of the delivery was lost with its channel (``trail``).
         """
-        channel = self._channel
         properties = report.properties
         # The frame's properties are built here rather than through aio_pika.Message, whose
         # checked attribute setting cost about 8 % of the worker's CPU per task (the default
@@ -174,11 +173,15 @@ class ReportPublisher:
         started = trail is not None and report.type is ReportType.STARTED
         handover: _Handover | None = None
         await self._order.acquire()
+        channel: AbstractChannel | None = None
         try:
             with publish_errors(f"the {report.type} report"):
+                await self._link.wait_unblocked()  # never into a socket the broker ignores
+                # Read under the order lock: a fresh channel replaces this one under it too, so
+                # that no report waits on a channel closed for good (_replace_publish_channel).
+                channel = self._channel
                 if channel is None:
                     raise ConnectionError("not connected")
-                await self._link.wait_unblocked()  # never into a socket the broker ignores
                 if channel.is_closed:
                     # Reopening after a reconnect or a channel error: the message has not left.
                     await channel.ready()  # type: ignore[attr-defined]
@@ -230,6 +233,9 @@ class ReportPublisher:
                 await channel.declare_queue(self._out_queue, durable=True)
         if isinstance(cause, aiormq.exceptions.DeliveryError):
             self._refused()
+        # A nack or a return says for sure that the report is not in the queue; a lost
+        # channel or connection leaves it unknown.
+        exc.not_taken = isinstance(cause, aiormq.exceptions.DeliveryError)
         return exc
 
     def _refused(self) -> None:
@@ -250,8 +256,12 @@ class ReportPublisher:
 
     async def _replace_publish_channel(self) -> None:
         try:
-            old = self._channel
-            self._channel = await self._confirmed_channel()
+            fresh = await self._confirmed_channel()
+            # Swapped between two reports, never under one that is on its way to the old
+            # channel: aio-pika never reopens a channel closed on purpose, and a report
+            # waiting for it to reopen would hold the order lock for good.
+            async with self._order:
+                old, self._channel = self._channel, fresh
             if old is not None:
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(old.close(), timeout=5.0)
