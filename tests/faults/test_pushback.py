@@ -82,6 +82,38 @@ async def test_reports_refused_by_a_full_output_queue_are_held_not_lost(
 
 
 @pytest.mark.timeout(300)
+async def test_a_full_output_queue_at_concurrency_32_swaps_channels_and_hangs_no_report(
+    node_any: Broker, markers: Path, tmp_path: Path, record: Any
+) -> None:
+    """Refusals pile up past the fresh channel and the fresh connection with 32 tasks held.
+
+    A report that waited for its turn while the channel was swapped used to wait for good on
+    the old channel (closed on purpose, never reopened), and every report behind it: the
+    worker held its 32 deliveries until the consumer timeout.
+    """
+    broker = node_any
+    case = Case(broker, "fullc32", markers, tmp_path, env={"WORKER_CONCURRENCY": "32"})
+    case.worker.start()
+    await fill_output_queue(broker, case.vhost, case.out_queue)
+    ids = await case.publish(200, {"seconds": 0.05})
+    case.worker.wait_for("publishing on a fresh connection")
+    await asyncio.sleep(OUTAGE_S)
+    broker.ctl("clear_policy", "-p", case.vhost, "full")
+    freed = time.monotonic()
+    counts = await case.settle(ids, timeout_s=120)
+    last = max(at for at, _, kind in case.ledger.arrivals if kind in ("success", "failure"))
+    record(
+        counts.row(
+            "output queue full (reject-publish) for 15 s at concurrency 32, 200 tasks",
+            broker=broker.label,
+            measured=f"all reported {last - freed:.1f} s after; fresh channels and connections",
+        )
+    )
+    counts.assert_intact()
+    assert counts.codes == {"success": 200}
+
+
+@pytest.mark.timeout(300)
 async def test_a_memory_alarm_blocks_reports_which_are_held_then_published(
     node_310: Broker, markers: Path, tmp_path: Path, record: Any
 ) -> None:
