@@ -176,6 +176,12 @@ class InMemoryTransport(EnvelopeBodies):
         self._fail_publishes.clear()
 
     @property
+    def ready(self) -> tuple[QueuedMessage, ...]:
+        """The messages waiting in the queue, head first, as a tuple taken now (the queue
+        itself cannot be changed through it)."""
+        return tuple(self._ready)
+
+    @property
     def ready_count(self) -> int:
         """Messages waiting in the queue."""
         return len(self._ready)

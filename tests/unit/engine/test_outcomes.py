@@ -201,7 +201,7 @@ async def test_retryable_error_requeues_until_the_last_attempt_then_concludes(
 async def test_the_memory_broker_redelivers_a_retry_with_a_rising_count() -> None:
     async with WorkerHarness(make_worker("retry")) as harness:
         first = await harness.submit({"text": "hi"})
-        [message] = list(harness.transport._ready)
+        [message] = list(harness.transport.ready)
         assert message.delivery_count == 1
         assert first.outcome is Outcome.NACKED_REQUEUE
 
