@@ -26,12 +26,9 @@ import pytest
 from scripts.rabbitmq_nodes import Node, NodeSpec, build_root, default_root, root_ready
 from tests.faults.ledger import Supervisor
 from tests.integration.conftest import BROKER_USER, broker_url, rabbitmqctl
+from tests.ports import free_port, node_name, node_port
 
 ROWS: list[dict[str, object]] = []
-
-#: Ports of the suite's own nodes (the tooling's tests use 5700-5799).
-PORT_310, PORT_40, CLUSTER_PORTS = 5801, 5821, (5811, 5812, 5813)
-EPMD_40 = 4371
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -154,8 +151,9 @@ def machine_broker() -> Iterator[Broker]:
         rabbitmqctl("delete_vhost", vhost)
 
 
-def own_node(version: str, port: int, **spec: Any) -> Iterator[Broker]:
-    """A fresh node of the case's own; stopped and deleted afterwards."""
+def own_node(version: str, **spec: Any) -> Iterator[Broker]:
+    """A fresh node of the case's own (a name and free ports of its own, and for 4.0 an epmd
+    of its own); stopped and deleted afterwards."""
     if version == "4.0" and not root_ready(default_root()):
         try:  # the first time on a machine: about 35 s (debootstrap from Debian's archive)
             build_root(default_root())
@@ -164,8 +162,9 @@ def own_node(version: str, port: int, **spec: Any) -> Iterator[Broker]:
             if os.environ.get("CI") == "true":
                 pytest.fail(message)
             pytest.skip(message)
-    extra = {"epmd_port": EPMD_40} if version == "4.0" else {}
-    node = Node(NodeSpec(name=f"atw-fault-{port}", port=port, version=version, **extra, **spec))
+    extra = {"epmd_port": free_port()} if version == "4.0" else {}
+    name = node_name(f"atw-fault-{version.replace('.', '')}")
+    node = Node(NodeSpec(name=name, port=node_port(), version=version, **extra, **spec))
     try:
         node.start(fresh=True)
         yield Broker(label=f"{node.server_version()} (own node)", node=node)
@@ -177,14 +176,13 @@ def own_node(version: str, port: int, **spec: Any) -> Iterator[Broker]:
 def node_310(request: pytest.FixtureRequest) -> Iterator[Broker]:
     """A RabbitMQ 3.10 node of the case's own; indirect parameters are ``NodeSpec`` fields
     (``conf``, ``advanced_config``)."""
-    yield from own_node("3.10", PORT_310, **getattr(request, "param", {}))
+    yield from own_node("3.10", **getattr(request, "param", {}))
 
 
 @pytest.fixture(params=["3.10", "4.0"])
 def node_any(request: pytest.FixtureRequest) -> Iterator[Broker]:
     """A node of the case's own, once on RabbitMQ 3.10 and once on 4.0."""
-    port = PORT_310 if request.param == "3.10" else PORT_40
-    yield from own_node(request.param, port)
+    yield from own_node(request.param)
 
 
 @pytest.fixture
