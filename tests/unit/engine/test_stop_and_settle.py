@@ -298,11 +298,12 @@ def test_settlement_is_a_frozen_record() -> None:
 
 async def test_a_held_progress_update_is_never_published_after_an_external_cancel() -> None:
     entered, cancelled = asyncio.Event(), []
-    engine, transport = build(
-        blocking_worker(entered, cancelled), worker_progress_min_interval_s=0.05
-    )
     recorder = Recorder()
-    engine._observers = (recorder,)  # type: ignore[assignment]
+    engine, transport = build(
+        blocking_worker(entered, cancelled),
+        observers=[recorder],
+        worker_progress_min_interval_s=0.05,
+    )
     handling = asyncio.create_task(engine.handle(deliver(transport)))
     await entered.wait()  # the handler's progress(0.1) is held for 50 ms
     handling.cancel()
