@@ -257,19 +257,19 @@ def test_without_the_extra_the_worker_runs_untraced() -> None:
     assert done.stdout.strip() == "untraced"
 
 
-def test_a_step_functions_child_continues_the_trace_of_its_environment(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    from async_task_api_worker.sfn import task_child
-
-    worker = child_worker()
+def test_a_step_functions_child_continues_the_trace_of_its_environment() -> None:
     with traced() as spans, spans.tracer.start_as_current_span("process q") as process:
-        for name, value in tracing.carrier_to_env().items():  # as sfn.subprocesses sets them
-            monkeypatch.setenv(name, value)
+        environment = tracing.carrier_to_env()  # as sfn.subprocesses sets them
     assert isinstance(process, ReadableSpan)
-    conclusion = task_child._conclude(worker, json.dumps({"task_token": "t", "input": {}}))
+    done = fresh_interpreter(
+        "from async_task_api_worker.sfn.task_child import run_task\n"
+        "from tests.unit.observability.test_tracing import child_worker\n"
+        "run_task(child_worker())\n",
+        WORKER_REQUEST=json.dumps({"task_token": "t", "input": {}}),
+        **environment,
+    )
     trace_id, span_id = ids(process)
-    assert conclusion.value == {"seen_trace_id": trace_id, "seen_parent_id": span_id}  # type: ignore[union-attr]
+    assert json.loads(done.stdout) == {"seen_trace_id": trace_id, "seen_parent_id": span_id}
 
 
 class Failing(SpanProcessor):
