@@ -1,13 +1,16 @@
 """The fault suite: real workers, real brokers, injected faults, every task id counted.
 
 Broker-wide faults (restarts, alarms, a lowered ``max_message_size``, a cluster, RabbitMQ 4.0)
-get nodes of the suite's own on other ports (``scripts/rabbitmq_nodes.py``); the machine's
+get nodes of the suite's own, on free ports and with unique names (``tests/ports.py``,
+``scripts/rabbitmq_nodes.py``); the machine's
 broker on 5672 only ever gets vhosts of the suite's own. RabbitMQ 4.0 runs from the Debian 13
 root (``python scripts/rabbitmq_nodes.py root``), built the first time it is needed; where it
 cannot be built the 4.0 cases skip, except under ``CI=true``, where they fail.
 
-Each case adds a row to the fault table, printed at the end of the run, and written as JSON
-lines to ``$ATW_FAULT_TABLE`` when it is set (``docs/faults.md`` shows the last run's).
+The cases run one after another, on one xdist worker (the group ``faults``, ``tests/conftest.py``),
+so that no two of them measure under each other's load. Each case adds a row to the fault table,
+printed at the end of the run, and written as JSON lines to ``$ATW_FAULT_TABLE`` when it is set
+(``docs/faults.md`` shows the last run's).
 """
 
 from __future__ import annotations
@@ -24,11 +27,10 @@ from typing import Any
 import pytest
 
 from scripts.rabbitmq_nodes import Node, NodeSpec, build_root, default_root, root_ready
+from tests.conftest import FAULT_ROW
 from tests.faults.ledger import Supervisor
 from tests.integration.conftest import BROKER_USER, broker_url, rabbitmqctl
 from tests.ports import free_port, node_name, node_port
-
-ROWS: list[dict[str, object]] = []
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -36,36 +38,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if Path(str(item.fspath)).is_relative_to(Path(__file__).parent):
             item.add_marker(pytest.mark.integration)
             item.add_marker(pytest.mark.faults)
-
-
-def pytest_terminal_summary(terminalreporter: Any) -> None:
-    if not ROWS:
-        return
-    terminalreporter.write_sep("-", "fault table (per task id)")
-    for line in table(ROWS):
-        terminalreporter.write_line(line)
-    destination = os.environ.get("ATW_FAULT_TABLE")
-    if destination:
-        with Path(destination).open("w") as out:
-            for row in ROWS:
-                out.write(json.dumps(row) + "\n")
-
-
-def table(rows: list[dict[str, object]]) -> list[str]:
-    """The fault table as Markdown lines."""
-    lines = [
-        "| fault | broker | tasks | lost | duplicate successes | double conclusions | hung "
-        "| handler runs | reports | measured |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---|---|",
-    ]
-    for row in rows:
-        codes = ", ".join(f"{code} {n}" for code, n in dict(row["codes"]).items())  # type: ignore[call-overload]
-        lines.append(
-            f"| {row['case']} | {row.get('broker', '')} | {row['tasks']} | {row['lost']} "
-            f"| {row['duplicate_successes']} | {row['double_conclusions']} | {row['hung']} "
-            f"| {row['handler_runs']} | {codes} | {row.get('measured', '')} |"
-        )
-    return lines
 
 
 @pytest.fixture(autouse=True)
@@ -78,9 +50,14 @@ def no_worker_left_behind() -> Iterator[None]:
 
 
 @pytest.fixture
-def record() -> Callable[[dict[str, object]], None]:
-    """Add a row to the fault table."""
-    return ROWS.append
+def record(request: pytest.FixtureRequest) -> Callable[[dict[str, object]], None]:
+    """Add a row to the fault table (``tests/conftest.py`` prints it, also from xdist workers:
+    the row travels with the test's report)."""
+
+    def add(row: dict[str, object]) -> None:
+        request.node.user_properties.append((FAULT_ROW, json.loads(json.dumps(row))))
+
+    return add
 
 
 @dataclass
