@@ -153,13 +153,16 @@ async def test_cancelling_the_caller_gives_the_delivery_back_and_propagates() ->
 
 
 async def test_draining_cuts_a_retry_backoff_short_and_still_counts_the_attempt() -> None:
+    started = asyncio.Event()
     engine, transport = build(
-        retry_worker(), worker_retry_backoff_s=600, worker_retry_backoff_max_s=600
+        retry_worker(),
+        InMemoryTransport(on_publish=lambda published: started.set()),
+        worker_retry_backoff_s=600,
+        worker_retry_backoff_max_s=600,
     )
     stop = StopSignal()
     handling = asyncio.create_task(engine.handle(deliver(transport), stop))
-    while not transport.published:
-        await asyncio.sleep(0)
+    await started.wait()  # the started report is out: the handler runs, then backs off
     await asyncio.sleep(0)
     stop.draining.cancel("SIGTERM")
     settlement = await asyncio.wait_for(handling, timeout=5)
