@@ -177,8 +177,7 @@ class InMemoryTransport(EnvelopeBodies):
 
     @property
     def ready(self) -> tuple[QueuedMessage, ...]:
-        """The messages waiting in the queue, head first, as a tuple taken now (the queue
-        itself cannot be changed through it)."""
+        """The messages waiting in the queue, head first: a tuple taken now, read-only."""
         return tuple(self._ready)
 
     @property
