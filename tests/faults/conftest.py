@@ -1,13 +1,16 @@
 """The fault suite: real workers, real brokers, injected faults, every task id counted.
 
 Broker-wide faults (restarts, alarms, a lowered ``max_message_size``, a cluster, RabbitMQ 4.0)
-get nodes of the suite's own on other ports (``scripts/rabbitmq_nodes.py``); the machine's
+get nodes of the suite's own, on free ports and with unique names (``tests/ports.py``,
+``scripts/rabbitmq_nodes.py``); the machine's
 broker on 5672 only ever gets vhosts of the suite's own. RabbitMQ 4.0 runs from the Debian 13
 root (``python scripts/rabbitmq_nodes.py root``), built the first time it is needed; where it
 cannot be built the 4.0 cases skip, except under ``CI=true``, where they fail.
 
-Each case adds a row to the fault table, printed at the end of the run, and written as JSON
-lines to ``$ATW_FAULT_TABLE`` when it is set (``docs/faults.md`` shows the last run's).
+The cases run one after another, on one xdist worker (the group ``faults``, ``tests/conftest.py``),
+so that no two of them measure under each other's load. Each case adds a row to the fault table,
+printed at the end of the run, and written as JSON lines to ``$ATW_FAULT_TABLE`` when it is set
+(``docs/faults.md`` shows the last run's).
 """
 
 from __future__ import annotations
@@ -24,14 +27,10 @@ from typing import Any
 import pytest
 
 from scripts.rabbitmq_nodes import Node, NodeSpec, build_root, default_root, root_ready
+from tests.conftest import FAULT_ROW
 from tests.faults.ledger import Supervisor
 from tests.integration.conftest import BROKER_USER, broker_url, rabbitmqctl
-
-ROWS: list[dict[str, object]] = []
-
-#: Ports of the suite's own nodes (the tooling's tests use 5700-5799).
-PORT_310, PORT_40, CLUSTER_PORTS = 5801, 5821, (5811, 5812, 5813)
-EPMD_40 = 4371
+from tests.ports import free_port, node_name, node_port
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -39,36 +38,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if Path(str(item.fspath)).is_relative_to(Path(__file__).parent):
             item.add_marker(pytest.mark.integration)
             item.add_marker(pytest.mark.faults)
-
-
-def pytest_terminal_summary(terminalreporter: Any) -> None:
-    if not ROWS:
-        return
-    terminalreporter.write_sep("-", "fault table (per task id)")
-    for line in table(ROWS):
-        terminalreporter.write_line(line)
-    destination = os.environ.get("ATW_FAULT_TABLE")
-    if destination:
-        with Path(destination).open("w") as out:
-            for row in ROWS:
-                out.write(json.dumps(row) + "\n")
-
-
-def table(rows: list[dict[str, object]]) -> list[str]:
-    """The fault table as Markdown lines."""
-    lines = [
-        "| fault | broker | tasks | lost | duplicate successes | double conclusions | hung "
-        "| handler runs | reports | measured |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---|---|",
-    ]
-    for row in rows:
-        codes = ", ".join(f"{code} {n}" for code, n in dict(row["codes"]).items())  # type: ignore[call-overload]
-        lines.append(
-            f"| {row['case']} | {row.get('broker', '')} | {row['tasks']} | {row['lost']} "
-            f"| {row['duplicate_successes']} | {row['double_conclusions']} | {row['hung']} "
-            f"| {row['handler_runs']} | {codes} | {row.get('measured', '')} |"
-        )
-    return lines
 
 
 @pytest.fixture(autouse=True)
@@ -81,9 +50,14 @@ def no_worker_left_behind() -> Iterator[None]:
 
 
 @pytest.fixture
-def record() -> Callable[[dict[str, object]], None]:
-    """Add a row to the fault table."""
-    return ROWS.append
+def record(request: pytest.FixtureRequest) -> Callable[[dict[str, object]], None]:
+    """Add a row to the fault table (``tests/conftest.py`` prints it, also from xdist workers:
+    the row travels with the test's report)."""
+
+    def add(row: dict[str, object]) -> None:
+        request.node.user_properties.append((FAULT_ROW, json.loads(json.dumps(row))))
+
+    return add
 
 
 @dataclass
@@ -154,8 +128,9 @@ def machine_broker() -> Iterator[Broker]:
         rabbitmqctl("delete_vhost", vhost)
 
 
-def own_node(version: str, port: int, **spec: Any) -> Iterator[Broker]:
-    """A fresh node of the case's own; stopped and deleted afterwards."""
+def own_node(version: str, **spec: Any) -> Iterator[Broker]:
+    """A fresh node of the case's own (a name and free ports of its own, and for 4.0 an epmd
+    of its own); stopped and deleted afterwards."""
     if version == "4.0" and not root_ready(default_root()):
         try:  # the first time on a machine: about 35 s (debootstrap from Debian's archive)
             build_root(default_root())
@@ -164,8 +139,9 @@ def own_node(version: str, port: int, **spec: Any) -> Iterator[Broker]:
             if os.environ.get("CI") == "true":
                 pytest.fail(message)
             pytest.skip(message)
-    extra = {"epmd_port": EPMD_40} if version == "4.0" else {}
-    node = Node(NodeSpec(name=f"atw-fault-{port}", port=port, version=version, **extra, **spec))
+    extra = {"epmd_port": free_port()} if version == "4.0" else {}
+    name = node_name(f"atw-fault-{version.replace('.', '')}")
+    node = Node(NodeSpec(name=name, port=node_port(), version=version, **extra, **spec))
     try:
         node.start(fresh=True)
         yield Broker(label=f"{node.server_version()} (own node)", node=node)
@@ -177,14 +153,13 @@ def own_node(version: str, port: int, **spec: Any) -> Iterator[Broker]:
 def node_310(request: pytest.FixtureRequest) -> Iterator[Broker]:
     """A RabbitMQ 3.10 node of the case's own; indirect parameters are ``NodeSpec`` fields
     (``conf``, ``advanced_config``)."""
-    yield from own_node("3.10", PORT_310, **getattr(request, "param", {}))
+    yield from own_node("3.10", **getattr(request, "param", {}))
 
 
 @pytest.fixture(params=["3.10", "4.0"])
 def node_any(request: pytest.FixtureRequest) -> Iterator[Broker]:
     """A node of the case's own, once on RabbitMQ 3.10 and once on 4.0."""
-    port = PORT_310 if request.param == "3.10" else PORT_40
-    yield from own_node(request.param, port)
+    yield from own_node(request.param)
 
 
 @pytest.fixture

@@ -15,7 +15,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -30,15 +29,9 @@ import aio_pika
 
 from async_task_api_worker.client import build_envelope
 from tests.integration.conftest import REPO
+from tests.ports import free_port
 
-__all__ = ["Counts", "Ledger", "Supervisor", "free_port", "publish_tasks", "worker_env"]
-
-
-def free_port() -> int:
-    """A TCP port nothing listens on right now."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+__all__ = ["Counts", "Ledger", "Supervisor", "publish_tasks", "worker_env"]
 
 
 async def publish_tasks(

@@ -17,11 +17,12 @@ import pytest
 from async_task_api_worker.client import build_envelope
 from async_task_api_worker.settings import SILENT_HEARTBEATS_TO_DEAD
 from scripts.rabbitmq_nodes import Node, running_cluster
-from tests.faults.conftest import CLUSTER_PORTS, Broker
+from tests.faults.conftest import Broker
 from tests.faults.ledger import Case, Ledger, Supervisor, worker_env
 from tests.faults.test_pushback import ready_status
 from tests.integration.conftest import BROKER_HOST, BROKER_PORT
 from tests.integration.tcp_proxy import TcpProxy
+from tests.ports import node_name, node_port
 
 TARGET = "tests.faults.workers:steady"
 HEARTBEAT_S = 5
@@ -143,7 +144,8 @@ async def wait_resumed(
 async def test_a_stopped_cluster_node_costs_seconds_with_two_urls(
     markers: Path, tmp_path: Path, record: Any
 ) -> None:
-    members = [(f"atw-fault-c{i}", port) for i, port in enumerate(CLUSTER_PORTS, start=1)]
+    taken: set[int] = set()
+    members = [(node_name(f"atw-fault-c{i}"), node_port(taken)) for i in range(1, 4)]
     with running_cluster(members) as nodes:
         first, second, third = nodes
         broker = Broker(label=f"{first.server_version()} cluster of 3", node=first)

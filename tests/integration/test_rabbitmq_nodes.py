@@ -1,8 +1,8 @@
 """scripts/rabbitmq_nodes.py: nodes of the tests' own, a 3.10 cluster, a 4.0 node in its root.
 
-Each test has ports of its own (AMQP 5781-5786, distribution 25781-25786, the 4.0 node's epmd
-4372), so that they run next to each other and next to nodes started for a whole test run
-(``.ci/run``'s 4.0 node: 5771, epmd 4370) or by the fault suite (58xx, epmd 4371). Every node is
+Each node has a name and free ports of its own (``tests/ports.py``: AMQP, distribution, the 4.0
+node's epmd), so that the tests run next to each other and next to any other run's nodes on
+the machine (``.ci/run``'s 4.0 node, the fault suite's, another checkout's). Every node is
 stopped and its files deleted afterwards, also when the test fails (``running_node``,
 ``running_cluster``).
 """
@@ -30,6 +30,7 @@ from scripts.rabbitmq_nodes import (
     running_cluster,
     running_node,
 )
+from tests.ports import free_port, node_name, node_port
 
 MAX_MESSAGE_SIZE = 1024 * 1024
 
@@ -50,12 +51,13 @@ def tooling() -> None:
 
 @pytest.mark.timeout(120)
 async def test_a_message_above_max_message_size_closes_the_channel(tmp_path: Path) -> None:
+    port = node_port()
     spec = NodeSpec(
-        name="atw-t5781", port=5781, base_dir=tmp_path / "node",
+        name=node_name("atw-t-size"), port=port, base_dir=tmp_path / "node",
         conf={"max_message_size": str(MAX_MESSAGE_SIZE)},
     )  # fmt: skip
     with running_node(spec) as node:
-        assert node.url("a/b") == "amqp://guest:guest@127.0.0.1:5781/a%2Fb"
+        assert node.url("a/b") == f"amqp://guest:guest@127.0.0.1:{port}/a%2Fb"
         connection = await aio_pika.connect(node.url())
         async with connection:
             channel = await connection.channel(publisher_confirms=True)
@@ -75,7 +77,8 @@ async def test_a_message_above_max_message_size_closes_the_channel(tmp_path: Pat
 
 @pytest.mark.timeout(240)
 async def test_a_three_node_cluster_runs_and_stops(tmp_path: Path) -> None:
-    members = [("atw-t5782", 5782), ("atw-t5783", 5783), ("atw-t5784", 5784)]
+    taken: set[int] = set()
+    members = [(node_name(f"atw-t-c{i}"), node_port(taken)) for i in range(1, 4)]
     with running_cluster(members, base_dir=tmp_path) as nodes:
         names = sorted(node.nodename for node in nodes)
         for node in nodes:
@@ -95,7 +98,10 @@ async def test_a_three_node_cluster_runs_and_stops(tmp_path: Path) -> None:
 @pytest.mark.timeout(120)
 def test_a_node_that_cannot_boot_raises_with_its_log_and_leaves_nothing(tmp_path: Path) -> None:
     spec = NodeSpec(
-        name="atw-t5786", port=5786, base_dir=tmp_path / "node", conf={"no_such_setting": "1"}
+        name=node_name("atw-t-bad"),
+        port=node_port(),
+        base_dir=tmp_path / "node",
+        conf={"no_such_setting": "1"},
     )
     with pytest.raises(NodeError, match="exited while starting") as failed, running_node(spec):
         pytest.fail("the node started")
@@ -108,7 +114,8 @@ def test_a_node_that_cannot_boot_raises_with_its_log_and_leaves_nothing(tmp_path
 def test_a_4_0_node_runs_in_the_debian_13_root() -> None:
     root = default_root()
     _needed(root_ready(root), f"no RabbitMQ 4.0 root at {root} (scripts/rabbitmq_nodes.py root)")
-    spec = NodeSpec(name="atw-t5785", port=5785, version="4.0", epmd_port=4372)
+    name = node_name("atw-t-40")
+    spec = NodeSpec(name=name, port=node_port(), version="4.0", epmd_port=free_port())
     with running_node(spec) as node:
         assert re.fullmatch(r"4\.0\.\d+", node.server_version())
         # ATW_RABBITMQCTL is the command joined for a shell; split again, it still works.
@@ -116,6 +123,6 @@ def test_a_4_0_node_runs_in_the_debian_13_root() -> None:
         done = subprocess.run(
             [*command, "eval", "node()."], capture_output=True, text=True, timeout=60, check=True
         )
-        assert done.stdout.strip() == "'atw-t5785@localhost'"
+        assert done.stdout.strip() == f"'{name}@localhost'"
     assert not node.running
     assert not node.base_dir.exists()

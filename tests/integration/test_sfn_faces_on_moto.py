@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from tests.integration.sfn_fixtures import Aws, EcsAgentStub, free_port
+from tests.integration.sfn_fixtures import Aws, EcsAgentStub
+from tests.ports import free_port
 
 pytestmark = pytest.mark.integration
 

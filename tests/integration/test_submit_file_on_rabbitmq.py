@@ -119,7 +119,9 @@ def test_submit_whose_reader_goes_away_stops_with_1_and_no_traceback(
 
     start_worker("examples.count_words:worker", queues.env())
     tasks = tmp_path / "tasks.jsonl"
-    tasks.write_text('{"text": "a b"}\n' * 5)
+    # Enough tasks that reports still arrive after the reader went away: with a handful, a fast
+    # worker could answer them all before the close, and submit would exit 0 having written all.
+    tasks.write_text('{"text": "a b"}\n' * 500)
     arguments = ["submit", "--file", str(tasks), "--service", "count-words", "--timeout-s", "60"]
     with subprocess.Popen(
         [sys.executable, "-m", "async_task_api_worker", *arguments],

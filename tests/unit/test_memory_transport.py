@@ -80,19 +80,24 @@ async def test_deliveries_respect_the_prefetch_and_stop() -> None:
     for n in range(3):
         transport.put(str(n).encode())
     received: list[Delivery] = []
+    arrived = asyncio.Event()
 
     async def consume() -> None:
         async for delivery in transport.deliveries():
             received.append(delivery)
+            arrived.set()
+
+    async def until_received(count: int) -> None:
+        while len(received) < count:
+            arrived.clear()
+            await asyncio.wait_for(arrived.wait(), 5)
 
     consumer = asyncio.create_task(consume())
-    while len(received) < 2:
-        await asyncio.sleep(0)
-    await asyncio.sleep(0)
+    await until_received(2)
+    await asyncio.sleep(0)  # one more turn for the consumer: the prefetch holds the third back
     assert len(received) == 2 and transport.unacked_count == 2
     await transport.ack(received[0])
-    while len(received) < 3:
-        await asyncio.sleep(0)
+    await until_received(3)
     await transport.ack(received[1])
     await transport.ack(received[2])
     await transport.join()

@@ -94,7 +94,7 @@ async def test_a_task_past_the_grace_period_is_given_back_without_a_report(
     runner.request_shutdown("SIGTERM")
     assert await serving is ExitCode.OK
     assert [p.report.type for p in transport.published] == ["started"]
-    [message] = transport._ready
+    [message] = transport.ready
     assert message.delivery_count == 0  # the give-back did not count
     [line] = decision_records(decisions)
     assert "outcome=shutdown_requeued action=nack-requeue" in line.getMessage()
@@ -219,7 +219,7 @@ async def test_a_delivery_in_hand_but_never_started_is_given_back(
     runner.request_shutdown("SIGTERM")
     assert await serving is ExitCode.OK
     assert {d.body for d in transport.given_back} == {body(1), body(2)}
-    assert all(m.delivery_count == 0 for m in transport._ready)
+    assert all(m.delivery_count == 0 for m in transport.ready)
     # Each has its decision line, the one never started too.
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Delivery")]
     assert len(lines) == 2
@@ -403,7 +403,7 @@ async def test_job_mode_takes_its_quota_and_leaves_the_rest_untouched() -> None:
     assert await asyncio.wait_for(runner.serve(), timeout=10) is ExitCode.OK
     assert len(transport.acked) == 2
     assert transport.ready_count == 3
-    assert all(m.delivery_count == 0 and not m.redelivered for m in transport._ready)
+    assert all(m.delivery_count == 0 and not m.redelivered for m in transport.ready)
 
 
 async def test_job_mode_lets_the_last_task_finish_whatever_the_grace_period() -> None:
@@ -464,6 +464,6 @@ async def test_a_shutdown_in_job_mode_drains_as_in_service_mode() -> None:
     await entered.wait()
     runner.request_shutdown("SIGTERM")
     assert await asyncio.wait_for(serving, timeout=10) is ExitCode.OK
-    [message] = transport._ready  # given back past the grace, no failure report
+    [message] = transport.ready  # given back past the grace, no failure report
     assert message.delivery_count == 0
     assert [p.report.type for p in transport.published] == ["started"]

@@ -184,6 +184,11 @@ class InMemoryTransport(EnvelopeBodies):
         self._fail_publishes.clear()
 
     @property
+    def ready(self) -> tuple[QueuedMessage, ...]:
+        """The messages waiting in the queue, head first: a tuple taken now, read-only."""
+        return tuple(self._ready)
+
+    @property
     def ready_count(self) -> int:
         """Messages waiting in the queue."""
         return len(self._ready)

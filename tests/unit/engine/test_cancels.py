@@ -17,9 +17,18 @@ from pydantic import BaseModel
 from async_task_api_worker import SyncTaskContext, TaskContext, Worker
 from async_task_api_worker.engine.cancels import CancelBook
 from async_task_api_worker.errors import TaskCancelledError
-from async_task_api_worker.ports import CancelRequested, CancelResult, CancelToken, Outcome
+from async_task_api_worker.ports import (
+    CancelRequested,
+    CancelResult,
+    CancelToken,
+    EngineEvent,
+    Outcome,
+)
 from async_task_api_worker.protocol.cancel import encode_cancel
+from async_task_api_worker.runtime import ExitCode, Runner
+from async_task_api_worker.settings import load_settings
 from async_task_api_worker.testing import WorkerHarness
+from async_task_api_worker.transports.memory import InMemoryTransport
 
 
 class In(BaseModel):
@@ -128,17 +137,38 @@ async def test_a_def_handler_sees_ctx_cancelled_and_its_task_concludes_at_once()
 
 async def test_cancels_from_the_request_body_and_malformed_ones_are_counted() -> None:
     started, cleaned = asyncio.Event(), []
-    async with WorkerHarness(_async_worker(started, cleaned)) as harness:
-        run = asyncio.ensure_future(harness.submit({}, task_id="t-6"))
-        await started.wait()
-        engine = harness._engine
-        body, _ = encode_cancel("t-6", "client-a", datetime.now(UTC))
-        assert harness.transport.publish_cancel(body) == 0  # nobody listens in the harness
-        assert engine.cancels.request_body(b"{not json") is CancelResult.MALFORMED
-        assert engine.cancels.request_body(body) is CancelResult.RUNNING
-        result = await run
-    result.assert_failed("TASK_CANCELLED")
-    assert CancelRequested("malformed") in harness.events
+    events: list[EngineEvent] = []
+
+    class Recorder:
+        def notify(self, event: EngineEvent) -> None:
+            events.append(event)
+
+    transport = InMemoryTransport()
+    runner = Runner(
+        _async_worker(started, cleaned),
+        load_settings({}, read_environment=False),
+        transport,
+        observers=[Recorder()],
+    )
+    transport.put(
+        b'{"protocol_version":1,"task_id":"t-6","client_id":"c","service":"cancels","input":{}}'
+    )
+    serving = asyncio.create_task(runner.serve())
+    await started.wait()
+    body, _ = encode_cancel("t-6", "client-a", datetime.now(UTC))
+    assert transport.publish_cancel(b"{not json") == 1  # the running worker listens
+    assert transport.publish_cancel(body) == 1
+    await transport.join()
+    runner.request_shutdown("test")
+    assert await serving is ExitCode.OK
+    [started_report, failure] = [p.report for p in transport.published]
+    assert (started_report.type, failure.type) == ("started", "failure")
+    assert b"TASK_CANCELLED" in failure.body
+    assert cleaned == ["t-6"]
+    assert [e.result for e in events if isinstance(e, CancelRequested)] == [
+        CancelResult.MALFORMED.value,
+        CancelResult.RUNNING.value,
+    ]
 
 
 def test_the_book_forgets_the_oldest_and_the_expired() -> None:

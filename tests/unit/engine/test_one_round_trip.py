@@ -276,8 +276,8 @@ async def test_a_result_too_large_fails_with_its_code_even_when_started_was_lost
     assert types(transport) == ["started", "failure"]
 
 
-async def test_a_delivery_runs_as_two_tasks_besides_its_own() -> None:
-    """The lean path: ``started`` held in the background and the handler; nothing else.
+async def test_a_delivery_runs_in_two_tasks_besides_its_own() -> None:
+    """The lean path: ``started`` held in the background, and the handler.
 
     Waits, stops and the settle run in the delivery's own task (``engine.waits``), so a
     successful task costs no task per report, per stop signal or per settle; the handler's

@@ -155,20 +155,25 @@ async def test_an_async_handler_past_its_timeout_fails_with_task_timeout() -> No
     assert elapsed < 5.0  # the declared 5 s was overridden by the 0.05 s setting
 
 
-async def test_a_def_handler_past_its_timeout_fails_and_its_thread_is_reported_stuck() -> None:
-    release = threading.Event()
+async def test_a_def_handler_past_its_timeout_fails_while_its_thread_runs_on() -> None:
+    # That such a thread is reported stuck: test_executors.py and test_runner.py.
+    release, finished = threading.Event(), threading.Event()
     worker = Worker("svc")
 
     @worker.task(timeout=0.05)
     def handle(task_input: Input, ctx: SyncTaskContext) -> Output:
         release.wait(10)
+        finished.set()
         return Output(echoed=task_input.text)
 
     async with WorkerHarness(worker) as harness:
         run = await harness.submit({"text": "hi"}, task_id="stuck-1")
         run.assert_failed(code="TASK_TIMEOUT")
-        assert harness._executor.stuck_task_ids == ("stuck-1",)  # type: ignore[attr-defined]
+        assert not finished.is_set()  # concluded without waiting for the thread
         release.set()
+        assert await asyncio.to_thread(finished.wait, 10)
+    # The late return published nothing more.
+    assert [p.report.type for p in harness.transport.published] == ["started", "failure"]
 
 
 async def test_retryable_error_requeues_until_the_last_attempt_then_concludes(
@@ -201,7 +206,7 @@ async def test_retryable_error_requeues_until_the_last_attempt_then_concludes(
 async def test_the_memory_broker_redelivers_a_retry_with_a_rising_count() -> None:
     async with WorkerHarness(make_worker("retry")) as harness:
         first = await harness.submit({"text": "hi"})
-        [message] = list(harness.transport._ready)
+        [message] = list(harness.transport.ready)
         assert message.delivery_count == 1
         assert first.outcome is Outcome.NACKED_REQUEUE
 

@@ -299,11 +299,12 @@ async def test_the_throttle_waits_a_whole_interval_between_reports() -> None:
 
 
 async def test_close_waits_for_a_publish_already_on_the_wire() -> None:
-    gate = asyncio.Event()
+    gate, on_the_wire = asyncio.Event(), asyncio.Event()
     order: list[str] = []
 
     async def publish(update: ProgressUpdate) -> bool:
         order.append(f"begin {update.fraction}")
+        on_the_wire.set()
         await gate.wait()
         order.append(f"end {update.fraction}")
         return True
@@ -312,8 +313,7 @@ async def test_close_waits_for_a_publish_already_on_the_wire() -> None:
         interval_s=0, publish=publish, on_drop=lambda r: None, clock=lambda: 0
     )
     throttle.offer(ProgressUpdate(0.1))
-    while not order:
-        await asyncio.sleep(0)
+    await on_the_wire.wait()
     throttle.offer(ProgressUpdate(0.2))
     closing = asyncio.create_task(throttle.close(flush=True))
     await asyncio.sleep(0)

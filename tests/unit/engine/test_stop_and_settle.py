@@ -116,7 +116,7 @@ async def test_abort_gives_the_delivery_back_uncounted_with_no_failure_report(
     assert settlement.requeue_counted is False
     assert cancelled == [True]
     assert [p.report.type for p in transport.published] == ["started"]  # no progress, no failure
-    [message] = transport._ready
+    [message] = transport.ready
     assert message.delivery_count == 0  # a give-back does not burn an attempt
     assert message.redelivered is True
     [line] = decision_records(decisions)
@@ -149,23 +149,26 @@ async def test_cancelling_the_caller_gives_the_delivery_back_and_propagates() ->
         await handling
     assert cancelled == [True]
     assert transport.ready_count == 1 and transport.unacked_count == 0
-    assert transport._ready[0].delivery_count == 0
+    assert transport.ready[0].delivery_count == 0
 
 
 async def test_draining_cuts_a_retry_backoff_short_and_still_counts_the_attempt() -> None:
+    started = asyncio.Event()
     engine, transport = build(
-        retry_worker(), worker_retry_backoff_s=600, worker_retry_backoff_max_s=600
+        retry_worker(),
+        InMemoryTransport(on_publish=lambda published: started.set()),
+        worker_retry_backoff_s=600,
+        worker_retry_backoff_max_s=600,
     )
     stop = StopSignal()
     handling = asyncio.create_task(engine.handle(deliver(transport), stop))
-    while not transport.published:
-        await asyncio.sleep(0)
+    await started.wait()  # the started report is out: the handler runs, then backs off
     await asyncio.sleep(0)
     stop.draining.cancel("SIGTERM")
     settlement = await asyncio.wait_for(handling, timeout=5)
     assert settlement.outcome is Outcome.RETRY
     assert settlement.requeue_counted is True
-    assert transport._ready[0].delivery_count == 1
+    assert transport.ready[0].delivery_count == 1
 
 
 async def test_a_retry_after_the_drain_started_does_not_wait() -> None:
@@ -287,7 +290,7 @@ async def test_an_engine_error_requeues_counted_and_logs_once(
         True,
     )
     assert len(decision_records(decisions)) == 1
-    assert transport._ready[0].delivery_count == 1
+    assert transport.ready[0].delivery_count == 1
 
 
 def test_settlement_is_a_frozen_record() -> None:
@@ -298,11 +301,12 @@ def test_settlement_is_a_frozen_record() -> None:
 
 async def test_a_held_progress_update_is_never_published_after_an_external_cancel() -> None:
     entered, cancelled = asyncio.Event(), []
-    engine, transport = build(
-        blocking_worker(entered, cancelled), worker_progress_min_interval_s=0.05
-    )
     recorder = Recorder()
-    engine._observers = (recorder,)  # type: ignore[assignment]
+    engine, transport = build(
+        blocking_worker(entered, cancelled),
+        observers=[recorder],
+        worker_progress_min_interval_s=0.05,
+    )
     handling = asyncio.create_task(engine.handle(deliver(transport)))
     await entered.wait()  # the handler's progress(0.1) is held for 50 ms
     handling.cancel()
@@ -379,7 +383,7 @@ async def test_past_the_hold_the_delivery_is_given_back_without_burning_an_attem
     assert (settlement.outcome, settlement.action) == (Outcome.PUBLISH_FAILED, Action.NACK_REQUEUE)
     assert settlement.requeue_counted is False
     assert transport.tries >= 4  # tried again, to the end of the 1.5 s hold
-    assert transport._ready[0].delivery_count == 0
+    assert transport.ready[0].delivery_count == 0
 
 
 async def test_a_withdrawn_delivery_stops_retrying_and_is_not_settled() -> None:

@@ -209,9 +209,8 @@ async def test_concurrent_ready_requests_share_one_evaluation(serve: ServerFacto
         await release.wait()
         return True
 
-    readiness = ReadinessCheck(dict, {"database": database})
-    server = await serve()
-    server._readiness = readiness
+    server = await serve(probes={"database": database})
+    readiness = server.readiness
     asking = [asyncio.ensure_future(request(server.port, "/ready")) for _ in range(20)]
     while readiness.waiting < 20:  # every request is waiting on the evaluation in progress
         await asyncio.sleep(0.001)

@@ -8,6 +8,7 @@ import io
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -23,7 +24,10 @@ from async_task_api_worker.executors.process.output import OutputTail
 from async_task_api_worker.observability.logging import configure_logging
 from async_task_api_worker.ports import ProgressDropped
 from async_task_api_worker.protocol.envelope import decode_envelope
+from async_task_api_worker.runtime import Runner
+from async_task_api_worker.settings import load_settings
 from async_task_api_worker.testing import Outcome, WorkerHarness
+from async_task_api_worker.transports.memory import InMemoryTransport
 from tests.unit.process.workers import CANARY_URL, isolated, threaded
 
 
@@ -217,28 +221,74 @@ async def test_a_def_handler_runs_isolated_too() -> None:
     assert run.response is not None and run.response["pid"] != os.getpid()
 
 
+def task_body(task_id: str, task_input: dict[str, object]) -> bytes:
+    return json.dumps(
+        {
+            "protocol_version": 1,
+            "task_id": task_id,
+            "client_id": "c",
+            "service": isolated.name,
+            "input": task_input,
+        }
+    ).encode()
+
+
+def fork_servers() -> list[int]:
+    """Pids of this process's children that are fork servers
+    (``python -m async_task_api_worker.executors.process forkserver FD``)."""
+    found = []
+    for pid in processes_with("forkserver"):
+        try:
+            parent = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError):
+            continue
+        if parent == os.getpid():
+            found.append(pid)
+    return found
+
+
 async def test_without_the_fork_server_each_task_spawns_a_fresh_interpreter() -> None:
     executor = ProcessExecutor(isolated.task_definition, use_fork_server=False)
-    async with WorkerHarness(isolated) as harness:
-        harness._engine._executor = executor  # the same engine, another executor
-        run = await harness.submit({"mode": "echo", "data": "spawned"})
+    transport = InMemoryTransport()
+    runner = Runner(
+        isolated, load_settings({}, read_environment=False), transport, executor=executor
+    )
+    serving = asyncio.create_task(runner.serve())
+    transport.put(task_body("t-fresh", {"mode": "echo", "data": "spawned"}))
+    await transport.join()
+    runner.request_shutdown("test")
+    await serving
     await executor.aclose()
-    assert run.response is not None and run.response["data"] == "spawned"
+    [started, success] = [p.report for p in transport.published]
+    assert (started.type, success.type) == ("started", "success")
+    assert json.loads(success.body)["response"]["data"] == "spawned"
     assert (executor.spawned_fresh, executor.spawned_by_fork_server) == (1, 0)
+    assert fork_servers() == []
 
 
 async def test_a_fork_server_that_dies_is_replaced_or_bypassed() -> None:
     executor = ProcessExecutor(isolated.task_definition)
-    async with WorkerHarness(isolated) as harness:
-        harness._engine._executor = executor
-        first = await harness.submit({"mode": "echo", "data": 1})
-        server = executor._fork_server
-        assert server is not None and server._process is not None
-        server._process.kill()
-        await server._process.wait()
-        second = await harness.submit({"mode": "echo", "data": 2})
+    transport = InMemoryTransport()
+    runner = Runner(
+        isolated, load_settings({}, read_environment=False), transport, executor=executor
+    )
+    serving = asyncio.create_task(runner.serve())
+    transport.put(task_body("t-1", {"mode": "echo", "data": 1}))
+    await transport.join()
+    [server] = fork_servers()
+    os.kill(server, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while server in fork_servers():  # reaped by the executor once it notices
+        assert time.monotonic() < deadline, "the killed fork server is still there"
+        await asyncio.sleep(0.01)
+    transport.put(task_body("t-2", {"mode": "echo", "data": 2}))
+    await transport.join()
+    runner.request_shutdown("test")
+    await serving
     await executor.aclose()
-    assert first.message_types == second.message_types == ("started", "success")
+    assert [p.report.type for p in transport.published] == [
+        "started", "success", "started", "success"
+    ]  # fmt: skip
     assert executor.spawned_by_fork_server + executor.spawned_fresh == 2
 
 
