@@ -27,7 +27,7 @@ from async_task_api_worker.protocol.encoding import canonical_dumps
 from async_task_api_worker.protocol.envelope import InputRef
 
 if TYPE_CHECKING:  # the engine hands the token in; the context only reads it
-    from async_task_api_worker.ports import CancelToken
+    from async_task_api_worker.cancel_token import CancelToken
 
 __all__ = [
     "ProgressDropReason",

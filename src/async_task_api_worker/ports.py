@@ -9,13 +9,13 @@ re-exported here.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel
 
+from async_task_api_worker.cancel_token import CancelToken
 from async_task_api_worker.conclusion import ExecutionResult
 from async_task_api_worker.context import SyncTaskContext, TaskContext
 from async_task_api_worker.events import (
@@ -58,54 +58,6 @@ __all__ = [
     "TaskStarted",
     "Transport",
 ]
-
-
-class CancelToken:
-    """A one-shot cancellation that runs callbacks instead of needing a waiter task.
-
-    ``cancel()`` marks the token and runs each registered callback once, on the caller's thread
-    (call it on the event loop). Registering on a cancelled token runs the callback at once.
-    """
-
-    __slots__ = ("_callbacks", "_reason")
-
-    def __init__(self) -> None:
-        # Keyed by registration, so that unregistering is one dict pop: every report and every
-        # handler call registers and unregisters here.
-        self._callbacks: dict[object, Callable[[], None]] = {}
-        self._reason: str | None = None
-
-    @property
-    def cancelled(self) -> bool:
-        """Whether :meth:`cancel` was called."""
-        return self._reason is not None
-
-    @property
-    def reason(self) -> str | None:
-        """The reason given to :meth:`cancel`, or ``None``."""
-        return self._reason
-
-    def cancel(self, reason: str) -> None:
-        """Cancel (idempotent: only the first call's reason is kept)."""
-        if self._reason is not None:
-            return
-        self._reason = reason
-        callbacks, self._callbacks = self._callbacks, {}
-        for callback in callbacks.values():
-            callback()
-
-    def add_callback(self, callback: Callable[[], None]) -> Callable[[], None]:
-        """Run ``callback()`` on cancel; returns a function that unregisters it."""
-        if self._reason is not None:
-            callback()
-            return _nothing
-        key = object()
-        self._callbacks[key] = callback
-        return functools.partial(self._callbacks.pop, key, None)  # type: ignore[return-value]
-
-
-def _nothing() -> None:
-    return None
 
 
 @dataclass(frozen=True, slots=True, eq=False)
