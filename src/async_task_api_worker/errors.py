@@ -313,16 +313,7 @@ class TransportError(AsyncTaskWorkerError):
 
 
 class PublishError(TransportError):
-    """A report was not published, or the broker did not confirm it.
-
-    ``not_taken`` is true when the broker said for sure that the report is not in the queue
-    (RabbitMQ's ``basic.nack``, or a return); false when it may be there all the same (the
-    connection went before the confirm came).
-    """
-
-    def __init__(self, *args: object, not_taken: bool = False) -> None:
-        super().__init__(*args)
-        self.not_taken = not_taken
+    """A report was not published, or the broker did not confirm it."""
 
 
 class ReportRefusedError(PublishError):

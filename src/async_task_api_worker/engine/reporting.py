@@ -104,11 +104,6 @@ class DeliveryReporter:
     _started_state: _Started = field(default=_Started.UNSENT, repr=False)
     _started_moved: asyncio.Future[None] | None = field(default=None, repr=False)
     _taken_over: bool = field(default=False, repr=False)
-    #: Whether this try of a report got its place (then only a nack says it is not in).
-    _placed: bool = field(default=False, repr=False)
-    #: A terminal report that may be in the queue (placed, its confirm lost): a lost
-    #: ``started`` is no longer sent ahead of it, where it could land after it.
-    _terminal_maybe_in: bool = field(default=False, repr=False)
 
     def _fields(self) -> dict[str, Any]:
         return {
@@ -242,9 +237,7 @@ class DeliveryReporter:
             await self.transport.send(
                 self.delivery,
                 encoded,
-                placed=functools.partial(self._mark, _Started.SENT)
-                if is_started
-                else self._got_place,
+                placed=functools.partial(self._mark, _Started.SENT) if is_started else None,
             )
         except BaseException:
             if is_started:
@@ -255,9 +248,6 @@ class DeliveryReporter:
                 await asyncio.wait({started})
         if is_started:
             self._mark(_Started.CONFIRMED)
-
-    def _got_place(self) -> None:
-        self._placed = True
 
     async def _try_behind_started(self, encoded: EncodedReport, started: EncodedReport) -> None:
         """Resend a lost ``started`` (a task, on this rare path), ``encoded`` once it is placed."""
@@ -276,7 +266,7 @@ class DeliveryReporter:
         self._mark(_Started.SENT)
         refused: Exception | None = None
         try:
-            await self.transport.send(self.delivery, encoded, placed=self._got_place)
+            await self.transport.send(self.delivery, encoded)
         except Exception as exc:
             refused = exc
         except BaseException:
@@ -324,13 +314,11 @@ class DeliveryReporter:
                 if not progress:
                     self._give_up(kind, why)
                 return False
-            self._placed = False
-            carries_started = terminal and not self._terminal_maybe_in
             try:
                 confirmed = await until(
                     self._try(
                         encoded,
-                        carries_started=carries_started and self._started_state is _Started.LOST,
+                        carries_started=terminal and self._started_state is _Started.LOST,
                     ),
                     give_up_at - self.monotonic(),
                     self.delivery.cancel_token,
@@ -348,7 +336,6 @@ class DeliveryReporter:
                 ) from exc
             except PublishError as exc:
                 self.notify(PublishFailed(kind))
-                self._terminal_maybe_in |= terminal and self._placed and not exc.not_taken
                 if self._stopped() is not None or (is_started and self._taken_over):
                     continue  # said once, at the loop's top
                 refusals += 1
@@ -375,7 +362,6 @@ class DeliveryReporter:
                 continue
             if not confirmed:  # the wait ran out, or was stopped, before the confirm
                 self.notify(PublishFailed(kind))
-                self._terminal_maybe_in |= terminal and self._placed
                 continue
             self.notify(ReportPublished(kind))
             return True

@@ -98,7 +98,7 @@ class InMemoryTransport(EnvelopeBodies):
         self._fail_publishes: list[list[str | int | None]] = []
         self._confirms = asyncio.Event()
         self._confirms.set()
-        self._refuse_confirms: list[tuple[str, str | None]] = []  # (how, report type)
+        self._refuse_confirms: list[str | None] = []
         self._on_publish = on_publish
         self.published: list[PublishedReport] = []
         """Every report sent and not refused at its confirm, in the order sent."""
@@ -169,15 +169,7 @@ class InMemoryTransport(EnvelopeBodies):
         The report was sent, so later reports went out behind it; the broker then refuses it
         (a ``basic.nack``), and it leaves :attr:`published`.
         """
-        self._refuse_confirms.append(("nack", report_type))
-
-    def lose_next_confirm(self, report_type: str | None = None) -> None:
-        """Fail the confirm of the next sent report of ``report_type`` (or of any type).
-
-        The report is in the queue (it stays in :attr:`published`), but its confirm never
-        came: the connection went first, so the worker cannot know it is there.
-        """
-        self._refuse_confirms.append(("lost", report_type))
+        self._refuse_confirms.append(report_type)
 
     def clear_publish_failures(self) -> None:
         """Forget every failure :meth:`fail_next_publish` asked for: the broker takes reports."""
@@ -305,18 +297,17 @@ class InMemoryTransport(EnvelopeBodies):
         failed = next(
             (
                 index
-                for index, (_, wanted) in enumerate(self._refuse_confirms)
+                for index, wanted in enumerate(self._refuse_confirms)
                 if wanted is None or wanted == report.type
             ),
             None,
         )
-        how = None if failed is None else self._refuse_confirms.pop(failed)[0]
+        if failed is not None:
+            del self._refuse_confirms[failed]
         await self._confirms.wait()
-        if how == "nack":
+        if failed is not None:
             self.published[:] = [sent for sent in self.published if sent.report is not report]
-            raise PublishError(f"injected nack of the {report.type} report", not_taken=True)
-        if how == "lost":
-            raise PublishError(f"injected loss of the {report.type} report's confirm")
+            raise PublishError(f"injected nack of the {report.type} report")
 
     async def publish(self, delivery: Delivery, report: EncodedReport) -> None:
         """Record ``report`` as confirmed, unless a failure was requested for it.

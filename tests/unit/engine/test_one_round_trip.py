@@ -149,30 +149,6 @@ async def test_when_both_are_refused_started_is_sent_again_ahead_of_the_terminal
     ]
 
 
-async def test_a_terminal_report_that_may_be_in_already_is_sent_again_without_started(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    """``started`` refused, the terminal report taken but its confirm lost with the connection.
-
-    Sending ``started`` again ahead of the next try would put it behind a terminal report that
-    may be in the queue already; the terminal report goes again alone (the same message id).
-    """
-    transport = Watched()
-    transport.hold_confirms()
-    transport.refuse_next_confirm("started")
-    transport.lose_next_confirm("success")
-    handling = asyncio.create_task(
-        engine_for(quick_worker([]), transport, **ROOM_TO_RETRY).handle(deliver(transport))
-    )
-    await transport.event("success").wait()
-    transport.release_confirms()
-    settlement = await handling
-    assert (settlement.outcome, settlement.action) == (Outcome.SUCCESS, Action.ACK)
-    assert types(transport) == ["success", "success"]  # never a started after a success
-    assert {sent.report.properties.message_id for sent in transport.published} == {"t-1/1/1"}
-    assert "without started" in caplog.text
-
-
 async def test_a_started_that_gives_up_stops_the_running_handler_and_gives_the_delivery_back() -> (
     None
 ):

@@ -233,9 +233,6 @@ class ReportPublisher:
                 await channel.declare_queue(self._out_queue, durable=True)
         if isinstance(cause, aiormq.exceptions.DeliveryError):
             self._refused()
-        # A nack or a return says for sure that the report is not in the queue; a lost
-        # channel or connection leaves it unknown.
-        exc.not_taken = isinstance(cause, aiormq.exceptions.DeliveryError)
         return exc
 
     def _refused(self) -> None:
