@@ -51,10 +51,16 @@ def _assert_cancelled(reports: list[AnyReport], workers: list[Any], task_id: str
     failure = reports[-1]
     assert isinstance(failure, FailureReport)
     assert failure.error.code == "TASK_CANCELLED"
-    lines = [line for worker in workers for line in worker.log().splitlines()]
-    decided = [line for line in lines if task_id in line and "Delivery settled" in line]
-    assert len(decided) == 1
-    assert "outcome=cancelled_by_client action=conclude code=TASK_CANCELLED" in decided[0]
+
+    def decided() -> list[str]:
+        lines = [line for worker in workers for line in worker.log().splitlines()]
+        return [line for line in lines if task_id in line and "Delivery settled" in line]
+
+    # The line comes once the report is confirmed and the delivery acked: after the client
+    # has the report, under load a moment later.
+    wait_for(lambda: decided() != [], what="the decision line")
+    assert len(decided()) == 1
+    assert "outcome=cancelled_by_client action=conclude code=TASK_CANCELLED" in decided()[0]
 
 
 @pytest.mark.parametrize("target", [ASYNC, SYNC], ids=["async", "def"])
