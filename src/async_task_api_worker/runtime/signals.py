@@ -23,13 +23,24 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Final
 
-__all__ = ["ECHO_WINDOW_S", "SUPERVISOR_GONE", "drain_once_on", "shutdown_on_signals"]
+__all__ = [
+    "ECHO_WINDOW_S",
+    "LATE_ECHO_WINDOW_S",
+    "SUPERVISOR_GONE",
+    "drain_once_on",
+    "shutdown_on_signals",
+]
 
 _logger = logging.getLogger("async_task_api_worker.runtime")
 
 #: The same signal again within this many seconds of its last counted arrival is the same
 #: request (a launcher forwarding a terminal's signal), not a second one.
 ECHO_WINDOW_S: Final = 0.5
+#: Once the drain is over and the handlers are gone, the same signal within this many seconds
+#: of its last counted arrival is still taken for the launcher's echo: under load, ``uv run``
+#: forwarded it later than :data:`ECHO_WINDOW_S`, and the process, already on its way out,
+#: ended with KeyboardInterrupt (130) instead of the drain's exit code.
+LATE_ECHO_WINDOW_S: Final = 5.0
 
 _SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
@@ -99,13 +110,13 @@ def _ignore_a_late_echo(number: signal.Signals, last: float, clock: Callable[[],
 
     A launcher's forwarded copy can come after the drain ended (a second Ctrl-C ends the grace
     at once): with the previous handler back, it would end the process on its way out with
-    KeyboardInterrupt (130), not the drain's exit code. Past the window, the signal does what
-    the previous handler does.
+    KeyboardInterrupt (130), not the drain's exit code. Past :data:`LATE_ECHO_WINDOW_S`, the
+    signal does what the previous handler does.
     """
     previous = signal.getsignal(number)
 
     def late(signum: int, frame: object) -> None:
-        if clock() - last < ECHO_WINDOW_S:
+        if clock() - last < LATE_ECHO_WINDOW_S:
             return
         signal.signal(number, previous)
         signal.raise_signal(number)
