@@ -50,21 +50,36 @@ async def fill_output_queue(broker: Broker, vhost: str, queue: str) -> None:
         await channel.default_exchange.publish(aio_pika.Message(b"filler"), routing_key=queue)
 
 
+async def full_queue_outage(
+    case: Case, broker: Broker, tasks: int, task_input: dict[str, Any], seen: str
+) -> tuple[list[str], float]:
+    """Fill the output queue, publish ``tasks``, hold it full :data:`OUTAGE_S` once the
+    worker logs ``seen``, then free it; the task ids, and when it was freed (monotonic)."""
+    case.worker.start()
+    await fill_output_queue(broker, case.vhost, case.out_queue)
+    ids = await case.publish(tasks, task_input)
+    case.worker.wait_for(seen)
+    await asyncio.sleep(OUTAGE_S)
+    broker.ctl("clear_policy", "-p", case.vhost, "full")
+    return ids, time.monotonic()
+
+
+def last_terminal_at(case: Case) -> float:
+    """When the last terminal report reached the ledger (monotonic)."""
+    return max(at for at, _, kind in case.ledger.arrivals if kind in ("success", "failure"))
+
+
 @pytest.mark.timeout(300)
 async def test_reports_refused_by_a_full_output_queue_are_held_not_lost(
     node_any: Broker, markers: Path, tmp_path: Path, record: Any
 ) -> None:
     broker = node_any
     case = Case(broker, "full", markers, tmp_path)
-    case.worker.start()
-    await fill_output_queue(broker, case.vhost, case.out_queue)
-    ids = await case.publish(12, {"seconds": 0.2})
-    case.worker.wait_for("was not confirmed by the broker")
-    await asyncio.sleep(OUTAGE_S)
-    broker.ctl("clear_policy", "-p", case.vhost, "full")
-    freed = time.monotonic()
+    ids, freed = await full_queue_outage(
+        case, broker, 12, {"seconds": 0.2}, "was not confirmed by the broker"
+    )
     counts = await case.settle(ids, timeout_s=60)
-    last = max(at for at, _, kind in case.ledger.arrivals if kind in ("success", "failure"))
+    last = last_terminal_at(case)
     record(
         counts.row(
             "output queue full (reject-publish) for 15 s, then freed",
@@ -93,15 +108,11 @@ async def test_a_full_output_queue_at_concurrency_32_swaps_channels_and_hangs_no
     """
     broker = node_any
     case = Case(broker, "fullc32", markers, tmp_path, env={"WORKER_CONCURRENCY": "32"})
-    case.worker.start()
-    await fill_output_queue(broker, case.vhost, case.out_queue)
-    ids = await case.publish(200, {"seconds": 0.05})
-    case.worker.wait_for("publishing on a fresh connection")
-    await asyncio.sleep(OUTAGE_S)
-    broker.ctl("clear_policy", "-p", case.vhost, "full")
-    freed = time.monotonic()
+    ids, freed = await full_queue_outage(
+        case, broker, 200, {"seconds": 0.05}, "publishing on a fresh connection"
+    )
     counts = await case.settle(ids, timeout_s=120)
-    last = max(at for at, _, kind in case.ledger.arrivals if kind in ("success", "failure"))
+    last = last_terminal_at(case)
     record(
         counts.row(
             "output queue full (reject-publish) for 15 s at concurrency 32, 200 tasks",

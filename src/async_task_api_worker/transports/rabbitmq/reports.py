@@ -170,7 +170,7 @@ class ReportPublisher:
             app_id=properties.app_id,
             headers=dict(properties.headers) if properties.headers else None,
         )
-        started = trail is not None and report.type is ReportType.STARTED
+        started = trail if report.type is ReportType.STARTED else None
         handover: _Handover | None = None
         await self._order.acquire()
         channel: AbstractChannel | None = None
@@ -191,8 +191,8 @@ class ReportPublisher:
                         f"the {report.type} report waits: an earlier report of its delivery "
                         "was not confirmed on a channel that has closed since"
                     )
-                if started:
-                    trail.channel, trail.report, trail.confirmed = underlay, report, False  # type: ignore[union-attr]
+                if started is not None:
+                    started.channel, started.report, started.confirmed = underlay, report, False
                 handover = _Handover(self._order, placed)
                 asyncio.get_running_loop().call_soon(handover)
                 await underlay.basic_publish(
@@ -214,8 +214,8 @@ class ReportPublisher:
         finally:
             if handover is None:
                 self._order.release()
-        if started:
-            trail.confirmed = True  # type: ignore[union-attr]
+        if started is not None:
+            started.confirmed = True
         self._refusals = 0
 
     async def _refusal(
