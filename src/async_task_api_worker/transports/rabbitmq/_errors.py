@@ -20,6 +20,7 @@ from async_task_api_worker.errors import (
 )
 
 __all__ = [
+    "CHANNEL_GONE",
     "is_refusal",
     "publish_errors",
     "refused",
@@ -37,6 +38,17 @@ _BROKER_FAILURES = (
     OSError,
     asyncio.TimeoutError,
     RuntimeError,  # aio-pika: "<Connection ...> closed" while a channel reopens
+)
+
+#: What starting a consumer raises when its channel or connection closes meanwhile: a robust
+#: channel reopens, and the consumer can start again on it. RabbitMQ also closes the connection
+#: with ``INTERNAL_ERROR`` (a ``ConnectionClosed``) when a quorum queue's leader does not answer
+#: a ``basic.consume`` in time, which happens on a loaded machine.
+CHANNEL_GONE = (
+    aiormq.exceptions.ChannelClosed,
+    aiormq.exceptions.AMQPConnectionError,
+    ChannelInvalidStateError,
+    ConnectionError,
 )
 
 #: What aiormq raises for credentials the broker refused at login.

@@ -20,12 +20,19 @@ from aio_pika.abc import (
     AbstractExchange,
     AbstractIncomingMessage,
     AbstractQueue,
+    AbstractRobustChannel,
 )
 
-from async_task_api_worker.errors import BrokerRefusedError, PublishError, TransportError
+from async_task_api_worker.errors import (
+    BrokerRefusedError,
+    BrokerUnavailableError,
+    PublishError,
+    TransportError,
+)
 from async_task_api_worker.protocol.reports import MessageProperties
 from async_task_api_worker.settings import split_broker_urls
 from async_task_api_worker.transports.rabbitmq._errors import (
+    CHANNEL_GONE,
     is_refusal,
     publish_errors,
     refused,
@@ -37,7 +44,7 @@ from async_task_api_worker.transports.rabbitmq.topology import (
     declare_queue,
 )
 
-__all__ = ["RabbitMQProducer", "ReportMessage"]
+__all__ = ["RabbitMQProducer", "ReportMessage", "start_consumer"]
 
 _logger = logging.getLogger("async_task_api_worker.client")
 
@@ -114,7 +121,7 @@ class RabbitMQProducer:
         self._connect_timeout_s = connect_timeout_s
         self._link: BrokerLink | None = None
         self._publish_channel: AbstractChannel | None = None
-        self._consume_channel: AbstractChannel | None = None
+        self._consume_channel: AbstractRobustChannel | None = None
         self._reports: AbstractQueue | None = None
         self._control: AbstractExchange | None = None
 
@@ -285,18 +292,68 @@ class RabbitMQProducer:
         return self._link.url_for_logs if self._link is not None else "(not connected)"
 
     async def consume_reports(self, on_report: Callable[[ReportMessage], Awaitable[None]]) -> None:
-        """Call ``on_report`` for each report on the output queue, until :meth:`close`."""
-        queue = self._reports
-        if queue is None:
+        """Call ``on_report`` for each report on the output queue, until :meth:`close`.
+
+        Raises:
+            BrokerRefusedError: the broker refused the consumer.
+            BrokerUnavailableError: the channel was not back in time.
+        """
+        queue, channel = self._reports, self._consume_channel
+        if queue is None or channel is None:
             raise TransportError("connect() first")
 
         async def deliver(message: AbstractIncomingMessage) -> None:
             await on_report(ReportMessage(message))
 
-        await queue.consume(deliver)
+        await start_consumer(
+            queue, channel, deliver, timeout_s=self._connect_timeout_s, url=self._url_for_logs()
+        )
 
     async def close(self) -> None:
         """Close the connection; idempotent."""
         link, self._link = self._link, None
         if link is not None:
             await link.close()
+
+
+async def start_consumer(
+    queue: AbstractQueue,
+    channel: AbstractRobustChannel,
+    callback: Callable[[AbstractIncomingMessage], Awaitable[None]],
+    *,
+    timeout_s: float,
+    url: str,
+) -> None:
+    """``basic.consume`` on ``queue``; again once ``channel`` is back if it closed meanwhile.
+
+    RabbitMQ closes the whole connection with ``INTERNAL_ERROR`` when a loaded quorum queue
+    does not answer a ``basic.consume`` in time; aio-pika restores only consumers that
+    started, so this one starts again on the restored channel.
+
+    Args:
+        timeout_s: the longest it keeps trying, in seconds.
+        url: the broker's URL as logged (no password).
+
+    Raises:
+        BrokerRefusedError: the broker refused the consumer.
+        BrokerUnavailableError: the consumer had not started after ``timeout_s``.
+    """
+    try:
+        async with asyncio.timeout(timeout_s):
+            while True:
+                try:
+                    await queue.consume(callback)
+                    return
+                except CHANNEL_GONE as exc:
+                    if is_refusal(exc):
+                        raise refused(exc, url) from exc
+                    _logger.info(
+                        "The report consumer did not start (%s); starting it again once the "
+                        "channel is back",
+                        type(exc).__name__,
+                    )
+                    await channel.ready()
+    except TimeoutError as exc:
+        raise BrokerUnavailableError(
+            f"the report consumer did not start within {timeout_s:g} s ({url})"
+        ) from exc

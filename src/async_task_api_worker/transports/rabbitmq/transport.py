@@ -34,7 +34,6 @@ from typing import Any, Final
 
 import aiormq
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractQueue
-from aio_pika.exceptions import ChannelInvalidStateError
 
 from async_task_api_worker.errors import (
     BrokerRefusedError,
@@ -47,7 +46,11 @@ from async_task_api_worker.ports import Delivery
 from async_task_api_worker.protocol.envelope import DELIVERY_COUNT_HEADER
 from async_task_api_worker.protocol.reports import EncodedReport
 from async_task_api_worker.transports.envelope_bodies import EnvelopeBodies
-from async_task_api_worker.transports.rabbitmq._errors import settle_errors, setup_error
+from async_task_api_worker.transports.rabbitmq._errors import (
+    CHANNEL_GONE,
+    settle_errors,
+    setup_error,
+)
 from async_task_api_worker.transports.rabbitmq.acks import ChannelSettles, Settle
 from async_task_api_worker.transports.rabbitmq.control import listen_for_cancels
 from async_task_api_worker.transports.rabbitmq.link import BrokerLink
@@ -75,15 +78,6 @@ class _Handle:
     lost: bool = False
     settled: bool = False
     trail: ReportTrail = field(default_factory=ReportTrail)
-
-
-#: What starting a consumer raises when its channel or connection closes meanwhile.
-_CHANNEL_GONE: Final = (
-    aiormq.exceptions.ChannelClosed,
-    aiormq.exceptions.AMQPConnectionError,
-    ChannelInvalidStateError,
-    ConnectionError,
-)
 
 
 class _GaveUp:
@@ -353,7 +347,7 @@ class RabbitMQTransport(EnvelopeBodies):
             try:
                 self._consumer_tag = await queue.consume(self._on_message)
                 return
-            except _CHANNEL_GONE as exc:
+            except CHANNEL_GONE as exc:
                 channel = self._consume_channel
                 if channel is not None and channel.is_closed:
                     self._reopened.clear()  # its reopen (or the give-up) sets it
