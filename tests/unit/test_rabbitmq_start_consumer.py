@@ -48,8 +48,8 @@ async def on_message(_message: Any) -> None:
 
 def start(queue: FakeQueue, channel: FakeChannel, timeout_s: float = 10.0) -> Any:
     return start_consumer(
-        cast(AbstractQueue, queue),
-        cast(AbstractRobustChannel, channel),
+        cast("AbstractQueue", queue),
+        cast("AbstractRobustChannel", channel),
         on_message,
         timeout_s=timeout_s,
         url="amqp://guest:******@h:5672/v",
