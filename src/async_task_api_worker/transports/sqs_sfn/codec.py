@@ -37,6 +37,7 @@ from async_task_api_worker.protocol.envelope import (
 from async_task_api_worker.protocol.reports import EncodedReport, FailureReport, SuccessReport
 
 __all__ = [
+    "trace_headers",
     "MAX_CAUSE_CHARS",
     "MAX_ERROR_CHARS",
     "MAX_OUTPUT_BYTES",
@@ -201,3 +202,15 @@ def failure_of(report: EncodedReport, error_names: Mapping[str, str]) -> tuple[s
     code = report.report.error.code
     error = error_names.get(code, code)
     return error[:MAX_ERROR_CHARS], report.report.error.message[:MAX_CAUSE_CHARS]
+
+
+def trace_headers(message: Mapping[str, Any]) -> dict[str, str]:
+    """The ``traceparent`` and ``tracestate`` message attributes of an SQS message, if any."""
+    attributes = message.get("MessageAttributes") or {}
+    return {
+        name: str(value["StringValue"])
+        for name, value in attributes.items()
+        if name in ("traceparent", "tracestate")
+        and isinstance(value, Mapping)
+        and "StringValue" in value
+    }
