@@ -226,6 +226,47 @@ async def test_a_delivery_in_hand_but_never_started_is_given_back(
     assert any(line.endswith("reason=never_started") for line in lines)
 
 
+class Inbox(InMemoryTransport):
+    """Receives a message and holds it unhanded, as RabbitMQ's inbox does when a stop comes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.listening = asyncio.Event()
+        self.stopped = asyncio.Event()
+
+    async def deliveries(self):  # type: ignore[no-untyped-def,override]
+        self.listening.set()
+        await self.stopped.wait()
+        return
+        yield
+
+    async def stop_consuming(self) -> list[Delivery]:  # type: ignore[override]
+        await super().stop_consuming()
+        if self.stopped.is_set():  # the close stops it again: nothing is held any more
+            return []
+        self.stopped.set()
+        held = self.take()
+        return [] if held is None else [held]
+
+
+async def test_what_the_transport_received_but_never_handed_out_goes_back_through_the_engine(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="async_task_api_worker.engine")
+    transport = Inbox()
+    runner = runner_for(blocking_worker(asyncio.Event()), transport)
+    transport.put(body(1))
+    serving = asyncio.create_task(runner.serve())
+    await transport.listening.wait()
+    runner.request_shutdown("SIGTERM")
+    assert await serving is ExitCode.OK
+    ((message),) = transport.ready  # back in the queue, its attempt not counted
+    assert message.delivery_count == 0 and message.redelivered
+    (line,) = decision_records(caplog)
+    assert "outcome=shutdown_requeued action=nack-requeue" in line.getMessage()
+    assert line.getMessage().endswith("reason=never_started")
+
+
 def test_run_worker_drains_on_sigterm_and_exits_0() -> None:
     worker = Worker("svc")
 

@@ -641,6 +641,42 @@ async def test_a_stop_during_pickup_hands_the_task_back_to_step_functions() -> N
     assert aws.sent("visible") == ["r-1"]  # the rest of the batch, back to the queue
 
 
+async def test_a_stop_during_pickup_returns_the_delivery_for_the_engines_give_back(
+    decisions: Any,
+) -> None:
+    aws = FakeAws([token_body("a"), token_body("b")])
+    transport = transport_on(aws, prefetch=2)
+    await transport.connect()
+    deleting, release_delete = asyncio.Event(), asyncio.Event()
+    loop = asyncio.get_running_loop()
+    original = aws.delete_message
+
+    def slow_delete(**arguments: Any) -> None:
+        loop.call_soon_threadsafe(deleting.set)
+        asyncio.run_coroutine_threadsafe(release_delete.wait(), loop).result(5)
+        original(**arguments)
+
+    aws.delete_message = slow_delete  # type: ignore[method-assign]
+    consumer = asyncio.ensure_future(take(transport, 2))
+    await asyncio.wait_for(deleting.wait(), 5)
+    stopping = asyncio.ensure_future(transport.stop_consuming())
+    await asyncio.sleep(0)  # one turn: the stop takes the pickup in flight
+    release_delete.set()
+    (left,) = await asyncio.wait_for(stopping, 5)  # once picked up: its delete went through
+    assert left.token == "a" and left.deleted
+    assert await asyncio.wait_for(consumer, 5) == []  # the stop took it: not handed out
+    engine = Engine(
+        flaky_worker(), load_settings({}, read_environment=False), transport, InlineExecutor()
+    )
+    settled = await engine.give_back(left, "never_started")
+    assert (settled.outcome.value, settled.reason) == ("shutdown_requeued", "never_started")
+    (line,) = decision_records(decisions)
+    assert line.getMessage().endswith("attempt=1/1 reason=never_started")
+    await transport.close()
+    assert [(token, error) for token, error, _ in aws.sent("failure")] == [("a", GIVEN_BACK_ERROR)]
+    assert aws.sent("visible") == ["r-1"]  # the rest of the batch, back to the queue
+
+
 def test_a_call_refused_for_good_is_not_held() -> None:
     client, stubber = stubbed()
     stubber.add_client_error(
