@@ -26,7 +26,6 @@ from typing import Any, Final
 
 from async_task_api_worker.errors import EnvelopeDecodeError, MessageTooLargeError
 from async_task_api_worker.protocol.codes import PoisonReason
-from async_task_api_worker.protocol.encoding import canonical_dumps
 from async_task_api_worker.protocol.envelope import (
     ID_PATTERN,
     PROTOCOL_VERSION,
@@ -34,7 +33,7 @@ from async_task_api_worker.protocol.envelope import (
     check_depth,
     read_object,
 )
-from async_task_api_worker.protocol.reports import EncodedReport, FailureReport, SuccessReport
+from async_task_api_worker.protocol.reports import EncodedReport, FailureReport, response_json
 
 __all__ = [
     "trace_headers",
@@ -176,8 +175,7 @@ def output_of(report: EncodedReport) -> str:
     Raises:
         MessageTooLargeError: its UTF-8 bytes exceed :data:`MAX_OUTPUT_BYTES`.
     """
-    assert isinstance(report.report, SuccessReport)  # noqa: S101 - the transport's own call
-    output = canonical_dumps(report.report.response)
+    output = response_json(report)  # as encoded for the report: not encoded a second time
     if len(output) > MAX_OUTPUT_BYTES:
         raise MessageTooLargeError(
             f"the output is {len(output)} bytes; Step Functions takes {MAX_OUTPUT_BYTES}"
