@@ -1,10 +1,11 @@
 """The contracts between the engine and its adapters, and the values they exchange.
 
-A transport (RabbitMQ, in-memory, SQS/Step Functions) implements :class:`Transport`; an executor
-(inline, thread, process) implements :class:`Executor`. The engine imports only this module,
-never an adapter. What the engine decides and tells its observers (``Outcome``, ``Action``,
-``Settlement``, the events, ``Observer``) lives in :mod:`async_task_api_worker.events` and is
-re-exported here.
+A transport (RabbitMQ, in-memory, SQS/Step Functions) implements :class:`Transport` and yields
+its own :class:`Delivery` subclass, which carries its envelope and attempt and reports and
+settles itself; an executor (inline, thread, process) implements :class:`Executor`. The engine
+imports only this module, never an adapter. What the engine decides and tells its observers
+(``Outcome``, ``Action``, ``Settlement``, the events, ``Observer``) lives in
+:mod:`async_task_api_worker.events` and is re-exported here.
 """
 
 from __future__ import annotations

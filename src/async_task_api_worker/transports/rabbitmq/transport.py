@@ -301,7 +301,9 @@ class RabbitMQTransport:
 
         The caller gives them back through the engine (``Engine.give_back``). AMQP sends no
         delivery for a consumer after its ``basic.cancel-ok``, so every delivery received is
-        either taken from :meth:`deliveries` or returned here.
+        either taken from :meth:`deliveries` or returned here. Only a cancel that failed (a
+        channel gone, 4 s without an answer) can let one arrive later: it stays unacked, and
+        the broker requeues it when the connection closes.
         """
         self._watch.stopping = True
         if self._in_queue is not None and self._consumer_tag is not None:
