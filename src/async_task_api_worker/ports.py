@@ -1,16 +1,17 @@
 """The contracts between the engine and its adapters, and the values they exchange.
 
-A transport (RabbitMQ, in-memory, SQS/Step Functions) implements :class:`Transport`; an executor
-(inline, thread, process) implements :class:`Executor`. The engine imports only this module,
-never an adapter. What the engine decides and tells its observers (``Outcome``, ``Action``,
-``Settlement``, the events, ``Observer``) lives in :mod:`async_task_api_worker.events` and is
-re-exported here.
+A transport (RabbitMQ, in-memory, SQS/Step Functions) implements :class:`Transport` and yields
+its own :class:`Delivery` subclass, which carries its envelope and attempt and reports and
+settles itself; an executor (inline, thread, process) implements :class:`Executor`. The engine
+imports only this module, never an adapter. What the engine decides and tells its observers
+(``Outcome``, ``Action``, ``Settlement``, the events, ``Observer``) lives in
+:mod:`async_task_api_worker.events` and is re-exported here.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel
@@ -18,6 +19,7 @@ from pydantic import BaseModel
 from async_task_api_worker.cancel_token import CancelToken
 from async_task_api_worker.conclusion import ExecutionResult
 from async_task_api_worker.context import SyncTaskContext, TaskContext
+from async_task_api_worker.errors import EnvelopeDecodeError, PublishError, SettleError
 from async_task_api_worker.events import (
     AckFailed,
     Action,
@@ -60,47 +62,135 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True, slots=True, eq=False)
 class Delivery:
-    """One message handed out by a broker, as the engine sees it.
+    """One message handed out by a broker: what the engine reads of it, and how it is settled.
+
+    A transport yields deliveries of its own subclass, which implements the settles its broker
+    has; one it lacks raises :class:`~async_task_api_worker.errors.SettleError`, and the engine
+    never asks for it (``requeueable`` says which). Every settle and :meth:`release` is taken
+    when called: if its awaiter is cancelled, the delivery still finishes it (the engine settles
+    in the delivery's own task, with no shield of its own: ``engine.settlement``). Every method
+    raises only :class:`~async_task_api_worker.errors.TransportError` subclasses.
 
     Attributes:
-        body: the message body, bytes as delivered.
+        envelope: the message decoded as the protocol's envelope, within the transport's body
+            limit (``WORKER_MAX_MESSAGE_BYTES``), or why it could not be (an
+            :class:`~async_task_api_worker.errors.EnvelopeDecodeError`, whose ``task_id`` is
+            set when the task can still be told). RabbitMQ's body is the envelope; an SQS body
+            is the Step Functions request, its task token held aside.
         headers: the message headers (AMQP headers, SQS message attributes), read-only.
         delivery_count: how many times the broker handed this message out before this
             delivery (RabbitMQ's ``x-delivery-count``: absent, so 0, on the first delivery);
             ``None`` when the broker does not count (a classic queue).
         redelivered: the broker's redelivered flag (AMQP ``redelivered``).
-        handle: the transport's own reference (delivery tag and channel); opaque to the engine.
+        requeueable: whether the broker can hand the message out again. ``False`` for one that
+            left the queue as it was handed out (SQS + Step Functions deletes on pickup): it is
+            its task's one attempt, an ack or a reject has nothing to tell the broker, and a
+            give-back hands the task back to its caller (Step Functions), the only retry
+            source.
         cancel_token: cancelled by the transport when the delivery can no longer be reported
-            on (a stale Step Functions task token): the engine stops the handler, publishes
-            nothing, and settles with outcome ``cancelled``.
+            on (a stale Step Functions task token, a closed channel): the engine stops the
+            handler, publishes nothing, and settles with outcome ``cancelled``.
     """
 
-    body: bytes
-    headers: Mapping[str, Any] = field(default_factory=dict)
-    delivery_count: int | None = 0
-    redelivered: bool = False
-    handle: Any = None
-    cancel_token: CancelToken = field(default_factory=CancelToken)
+    __slots__ = (
+        "cancel_token",
+        "delivery_count",
+        "envelope",
+        "headers",
+        "redelivered",
+        "requeueable",
+    )
+
+    def __init__(
+        self,
+        envelope: Envelope | EnvelopeDecodeError,
+        *,
+        headers: Mapping[str, Any] | None = None,
+        delivery_count: int | None = 0,
+        redelivered: bool = False,
+        requeueable: bool = True,
+    ) -> None:
+        self.envelope = envelope
+        self.headers: Mapping[str, Any] = headers if headers is not None else {}
+        self.delivery_count = delivery_count
+        self.redelivered = redelivered
+        self.requeueable = requeueable
+        self.cancel_token = CancelToken()
+
+    async def report(
+        self, report: EncodedReport, *, placed: Callable[[], None] | None = None
+    ) -> None:
+        """Publish a report about this delivery and wait for its confirm, in the caller's task.
+
+        Reports reach the broker in the order of the calls. ``placed`` is called once, on the
+        event loop, as soon as the report holds its place (no report sent after it can
+        overtake it), and not when it failed before that: the engine holds a delivery's
+        ``started`` in the background and sends the terminal report once ``started`` is
+        placed, without waiting for its confirm. A broker whose calls cannot overlap (Step
+        Functions) says ``placed`` once the call went through.
+
+        Raises:
+            ReportRefusedError: refused for what it holds (its size, its content); sending it
+                again cannot help.
+            PublishError: the broker refused it or did not confirm it.
+        """
+        raise PublishError("this delivery cannot be reported on")
+
+    async def ack(self) -> None:
+        """Acknowledge: the delivery is done and leaves the queue (RabbitMQ ``basic.ack``).
+
+        Raises:
+            SettleError: the ack did not reach the broker, or the broker has none.
+        """
+        raise SettleError("this broker has no ack")
+
+    async def retry(self) -> None:
+        """Put the delivery back for another attempt, counted towards the delivery limit.
+
+        RabbitMQ: ``basic.reject(requeue=True)``.
+
+        Raises:
+            SettleError: the requeue did not reach the broker, or the broker cannot requeue.
+        """
+        raise SettleError("this broker cannot put a delivery back")
+
+    async def give_back(self) -> None:
+        """Give the delivery back without counting an attempt (the task was not at fault).
+
+        RabbitMQ: ``basic.nack(requeue=True)``, which RabbitMQ 4.3+ does not count.
+
+        Raises:
+            SettleError: the give-back did not reach the broker.
+        """
+        raise SettleError("this broker cannot give a delivery back")
+
+    async def reject(self) -> None:
+        """Refuse without requeue: dead-lettered if the queue has a dead-letter exchange.
+
+        Raises:
+            SettleError: the reject did not reach the broker, or the broker has none.
+        """
+        raise SettleError("this broker has no reject")
+
+    async def release(self) -> None:
+        """Forget the delivery: the engine settled it, whatever the action (``none`` too).
+
+        Called once per delivery, after its settle; never raises. Where a transport holds
+        something for a delivery (Step Functions heartbeats, ECS task protection), it lets go
+        here; by default nothing is held.
+        """
+        return None
 
 
 @runtime_checkable
 class Transport(Protocol):
-    """A broker, as the engine and the runtime use it.
+    """A broker, as the runtime consumes from it.
 
     Every method raises only :class:`~async_task_api_worker.errors.TransportError` subclasses
-    (the adapter maps its client library's exceptions, keeping them as ``__cause__``).
-
-    A settle (:meth:`ack`, :meth:`requeue`, :meth:`reject`) and :meth:`release` are taken
-    when called: if their awaiter is cancelled, the transport still finishes them. The engine
-    settles in the delivery's own task, with no shield of its own (``engine.settlement``).
+    (the adapter maps its client library's exceptions, keeping them as ``__cause__``). What is
+    done with one delivery (its reports and its settle) is asked of the :class:`Delivery`.
     """
-
-    @property
-    def delivery_count_known(self) -> bool:
-        """Whether deliveries carry the broker's delivery count (quorum queues do)."""
-        ...
 
     @property
     def consuming(self) -> bool:
@@ -112,30 +202,6 @@ class Transport(Protocol):
         """Whether reports cannot be published right now (the broker blocks them: readiness)."""
         ...
 
-    @property
-    def deletes_on_pickup(self) -> bool:
-        """Whether a message leaves the queue as it is handed out (SQS + Step Functions).
-
-        Such a transport cannot put a delivery back for another try: its caller (Step
-        Functions) is the only retry source. So every delivery is its task's one attempt
-        (``attempt=1/1``), a requeue ends the task with an error the caller can retry on, and
-        the drain lets a task in hand finish rather than give it back (seed 000, "Key
-        invariants").
-        """
-        ...
-
-    def envelope(self, delivery: Delivery, *, max_body_bytes: int) -> Envelope:
-        """The delivery's envelope, read from the transport's own message format.
-
-        RabbitMQ's bodies are the protocol's envelope (``protocol.envelope.decode_envelope``);
-        an SQS body is the Step Functions request, its task token held aside.
-
-        Raises:
-            EnvelopeDecodeError: the body is not a valid message; ``task_id`` is set when the
-                task can still be told (its failure is then reported).
-        """
-        ...
-
     def span_attributes(self, delivery: Delivery | None) -> Mapping[str, str | int]:
         """The messaging attributes of a trace span (``observability.tracing``).
 
@@ -143,15 +209,6 @@ class Transport(Protocol):
         publishing a report (its ``send`` span): ``messaging.system``,
         ``messaging.destination.name`` (the queue), and the system's own
         (``messaging.rabbitmq.message.delivery_tag``). Asked only when a span records.
-        """
-        ...
-
-    async def release(self, delivery: Delivery) -> None:
-        """Forget ``delivery``: the engine settled it, whatever the action (``none`` too).
-
-        Called once per delivery, after its settle; never raises. Where the transport holds
-        something for a delivery (Step Functions heartbeats, ECS task protection), it lets go
-        here.
         """
         ...
 
@@ -173,60 +230,12 @@ class Transport(Protocol):
         """Yield deliveries as the broker hands them out, until :meth:`stop_consuming`."""
         ...
 
-    async def stop_consuming(self) -> None:
-        """Stop receiving new deliveries; in-flight ones can still be reported and settled."""
-        ...
+    async def stop_consuming(self) -> Sequence[Delivery]:
+        """Stop receiving new deliveries; in-flight ones can still be reported and settled.
 
-    async def send(
-        self,
-        delivery: Delivery,
-        report: EncodedReport,
-        *,
-        placed: Callable[[], None] | None = None,
-    ) -> None:
-        """Publish a report about ``delivery`` and wait for its confirm, in the caller's task.
-
-        Reports reach the broker in the order of the calls. ``placed`` is called once, on the
-        event loop, as soon as the report holds its place (no report sent after it can
-        overtake it), and not when it failed before that: the engine holds a delivery's
-        ``started`` in the background and sends the terminal report once ``started`` is
-        placed, without waiting for its confirm. A transport whose calls cannot overlap (Step
-        Functions) says ``placed`` once the call went through.
-
-        Raises:
-            ReportRefusedError: refused for what it holds (its size, its content); sending it
-                again cannot help.
-            PublishError: the broker refused it or did not confirm it.
-        """
-        ...
-
-    async def ack(self, delivery: Delivery) -> None:
-        """Acknowledge: the delivery is done and leaves the queue.
-
-        Raises:
-            SettleError: the ack did not reach the broker.
-        """
-        ...
-
-    async def requeue(self, delivery: Delivery, *, count_attempt: bool) -> None:
-        """Put the delivery back in the queue.
-
-        Args:
-            delivery: the delivery.
-            count_attempt: ``True`` for a failed attempt that must count towards the delivery
-                limit (RabbitMQ: ``basic.reject(requeue=True)``); ``False`` for a give-back that
-                must not (``basic.nack(requeue=True)``, which RabbitMQ 4.3+ does not count).
-
-        Raises:
-            SettleError: the requeue did not reach the broker.
-        """
-        ...
-
-    async def reject(self, delivery: Delivery) -> None:
-        """Refuse without requeue: dead-lettered if the queue has a dead-letter exchange.
-
-        Raises:
-            SettleError: the reject did not reach the broker.
+        Returns:
+            The deliveries received but not yet handed out by :meth:`deliveries`: the caller
+            gives each back through the engine (``Engine.give_back``, with its decision line).
         """
         ...
 

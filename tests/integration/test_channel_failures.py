@@ -7,10 +7,11 @@ import logging
 
 import pytest
 
+from async_task_api_worker.protocol.envelope import Envelope
 from async_task_api_worker.runtime import ExitCode, Runner
 from async_task_api_worker.settings import load_settings
 from async_task_api_worker.transports.rabbitmq import RabbitMQTransport
-from async_task_api_worker.transports.rabbitmq.transport import MAX_CHANNEL_FAILURES
+from async_task_api_worker.transports.rabbitmq.watch import MAX_CHANNEL_FAILURES
 from examples.count_words import worker
 from tests.integration.conftest import BROKER_USER, Queues, rabbitmqctl
 from tests.integration.test_run_on_rabbitmq import collect
@@ -111,9 +112,9 @@ async def test_a_channel_closed_while_the_consumer_starts_is_consumed_again(
         async with queues.client("count-words") as client:
             task_id = await client.submit({"text": "after the close"})
             delivery = await asyncio.wait_for(first, timeout=30)
-        assert task_id.encode() in delivery.body
+        assert isinstance(delivery.envelope, Envelope) and delivery.envelope.task_id == task_id
         assert transport.consuming
-        await transport.ack(delivery)
+        await delivery.ack()
     finally:
         await transport.stop_consuming()
         await transport.close()

@@ -12,7 +12,6 @@ from typing import Any
 
 import aio_pika
 
-from async_task_api_worker.ports import Delivery
 from async_task_api_worker.protocol.reports import (
     StartedReport,
     SuccessReport,
@@ -41,7 +40,7 @@ async def test_a_report_sent_once_the_previous_is_placed_lands_behind_it(queues:
         urls=[queues.url], in_queue=queues.in_queue, out_queue=queues.out_queue, prefetch=1
     )
     await transport.connect()
-    delivery = Delivery(body=b"")
+    delivery = transport.report_only()
     loop = asyncio.get_running_loop()
     placed_after_confirm: list[str] = []
 
@@ -49,7 +48,7 @@ async def test_a_report_sent_once_the_previous_is_placed_lands_behind_it(queues:
         placed = loop.create_future()
         started = encode_report(StartedReport.model_construct(**_fields(task_id)), seq=0)
         holding = asyncio.ensure_future(
-            transport.send(delivery, started, placed=lambda: placed.set_result(None))
+            delivery.report(started, placed=lambda: placed.set_result(None))
         )
 
         def said_late(_: object) -> None:
@@ -61,7 +60,7 @@ async def test_a_report_sent_once_the_previous_is_placed_lands_behind_it(queues:
         success = encode_report(
             SuccessReport.model_construct(**_fields(task_id), response={}), seq=1
         )
-        await transport.send(delivery, success)
+        await delivery.report(success)
         await holding
 
     try:

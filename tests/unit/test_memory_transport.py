@@ -7,9 +7,9 @@ import asyncio
 import pytest
 
 from async_task_api_worker.errors import PublishError, SettleError
-from async_task_api_worker.ports import Delivery, Transport
+from async_task_api_worker.ports import Transport
 from async_task_api_worker.protocol import StartedReport, encode_report
-from async_task_api_worker.transports.memory import InMemoryTransport
+from async_task_api_worker.transports.memory import InMemoryTransport, MemoryDelivery
 
 
 def report(kind: str = "started") -> object:
@@ -29,23 +29,23 @@ async def test_the_first_delivery_has_no_count_header_then_counts_rise() -> None
     first = transport.take()
     assert first is not None
     assert (first.delivery_count, first.redelivered, first.headers) == (0, False, {"h": 1})
-    await transport.requeue(first, count_attempt=True)
+    await first.retry()
     second = transport.take()
     assert second is not None
     assert (second.delivery_count, second.redelivered) == (1, True)
     assert second.headers["x-delivery-count"] == 1
-    await transport.requeue(second, count_attempt=False)
+    await second.give_back()
     third = transport.take()
     assert third is not None and third.delivery_count == 1
 
 
 async def test_a_classic_queue_gives_no_count() -> None:
     transport = InMemoryTransport(count_deliveries=False)
-    assert transport.delivery_count_known is False
+    assert transport.counts_deliveries is False
     transport.put(b"x")
     first = transport.take()
     assert first is not None and first.delivery_count is None
-    await transport.requeue(first, count_attempt=True)
+    await first.retry()
     second = transport.take()
     assert second is not None
     assert (second.delivery_count, second.redelivered) == (None, True)
@@ -58,7 +58,7 @@ async def test_the_queue_delivery_limit_dead_letters() -> None:
     for _ in range(2):
         delivery = transport.take()
         assert delivery is not None
-        await transport.requeue(delivery, count_attempt=True)
+        await delivery.retry()
     assert transport.ready_count == 0
     assert [letter.reason for letter in transport.dead_letters] == ["delivery_limit"]
 
@@ -68,8 +68,8 @@ async def test_settling_twice_is_refused() -> None:
     transport.put(b"x")
     delivery = transport.take()
     assert delivery is not None
-    await transport.ack(delivery)
-    for settle in (transport.ack(delivery), transport.reject(delivery)):
+    await delivery.ack()
+    for settle in (delivery.ack(), delivery.reject()):
         with pytest.raises(SettleError):
             await settle
 
@@ -79,7 +79,7 @@ async def test_deliveries_respect_the_prefetch_and_stop() -> None:
     await transport.connect()
     for n in range(3):
         transport.put(str(n).encode())
-    received: list[Delivery] = []
+    received: list[MemoryDelivery] = []
     arrived = asyncio.Event()
 
     async def consume() -> None:
@@ -96,14 +96,14 @@ async def test_deliveries_respect_the_prefetch_and_stop() -> None:
     await until_received(2)
     await asyncio.sleep(0)  # one more turn for the consumer: the prefetch holds the third back
     assert len(received) == 2 and transport.unacked_count == 2
-    await transport.ack(received[0])
+    await received[0].ack()
     await until_received(3)
-    await transport.ack(received[1])
-    await transport.ack(received[2])
+    await received[1].ack()
+    await received[2].ack()
     await transport.join()
     await transport.close()
     await consumer
-    assert [d.body for d in received] == [b"0", b"1", b"2"]
+    assert [d.message_id for d in received] == [1, 2, 3]  # in the order put
 
 
 async def test_fail_next_publish_fails_once_for_the_named_type() -> None:
@@ -127,5 +127,5 @@ def test_take_by_id_leaves_the_others() -> None:
     assert transport.take(second.message_id) is not None
     assert transport.take(second.message_id) is None
     delivery = transport.take()
-    assert delivery is not None and delivery.handle == first.message_id
+    assert delivery is not None and delivery.message_id == first.message_id
     assert transport.take() is None

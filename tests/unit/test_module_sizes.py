@@ -19,8 +19,6 @@ LIMIT = 400
 OVERSIZED = (
     "errors.py",
     "observability/tracing.py",
-    "transports/rabbitmq/transport.py",
-    "transports/sqs_sfn/transport.py",
 )
 
 

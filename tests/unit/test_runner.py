@@ -20,6 +20,7 @@ from async_task_api_worker.runtime.hooks import StartupHookError, shutdown_bound
 from async_task_api_worker.settings import load_settings
 from async_task_api_worker.testing import WorkerHarness
 from async_task_api_worker.transports.memory import InMemoryTransport
+from async_task_api_worker.transports.memory.messages import message_id_of
 from tests.conftest import decision_records
 
 BODY = b'{"protocol_version":1,"task_id":"t-%d","client_id":"c","service":"svc","input":{}}'
@@ -197,10 +198,9 @@ class SlowTake(InMemoryTransport):
         super().__init__(prefetch=2)
         self.given_back: list[Delivery] = []
 
-    async def requeue(self, delivery: Delivery, *, count_attempt: bool) -> None:
-        if not count_attempt:
-            self.given_back.append(delivery)
-        await super().requeue(delivery, count_attempt=count_attempt)
+    async def give_back(self, delivery: Delivery) -> None:
+        self.given_back.append(delivery)
+        await super().give_back(delivery)
 
 
 async def test_a_delivery_in_hand_but_never_started_is_given_back(
@@ -218,12 +218,53 @@ async def test_a_delivery_in_hand_but_never_started_is_given_back(
         await asyncio.sleep(0)
     runner.request_shutdown("SIGTERM")
     assert await serving is ExitCode.OK
-    assert {d.body for d in transport.given_back} == {body(1), body(2)}
+    assert {message_id_of(d) for d in transport.given_back} == {1, 2}  # both put
     assert all(m.delivery_count == 0 for m in transport.ready)
     # Each has its decision line, the one never started too.
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Delivery")]
     assert len(lines) == 2
     assert any(line.endswith("reason=never_started") for line in lines)
+
+
+class Inbox(InMemoryTransport):
+    """Receives a message and holds it unhanded, as RabbitMQ's inbox does when a stop comes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.listening = asyncio.Event()
+        self.stopped = asyncio.Event()
+
+    async def deliveries(self):  # type: ignore[no-untyped-def,override]
+        self.listening.set()
+        await self.stopped.wait()
+        return
+        yield
+
+    async def stop_consuming(self) -> list[Delivery]:  # type: ignore[override]
+        await super().stop_consuming()
+        if self.stopped.is_set():  # the close stops it again: nothing is held any more
+            return []
+        self.stopped.set()
+        held = self.take()
+        return [] if held is None else [held]
+
+
+async def test_what_the_transport_received_but_never_handed_out_goes_back_through_the_engine(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="async_task_api_worker.engine")
+    transport = Inbox()
+    runner = runner_for(blocking_worker(asyncio.Event()), transport)
+    transport.put(body(1))
+    serving = asyncio.create_task(runner.serve())
+    await transport.listening.wait()
+    runner.request_shutdown("SIGTERM")
+    assert await serving is ExitCode.OK
+    ((message),) = transport.ready  # back in the queue, its attempt not counted
+    assert message.delivery_count == 0 and message.redelivered
+    (line,) = decision_records(caplog)
+    assert "outcome=shutdown_requeued action=nack-requeue" in line.getMessage()
+    assert line.getMessage().endswith("reason=never_started")
 
 
 def test_run_worker_drains_on_sigterm_and_exits_0() -> None:

@@ -51,6 +51,7 @@ from async_task_api_worker.engine.engine import Engine
 from async_task_api_worker.errors import BrokerUnavailableError
 from async_task_api_worker.ports import Delivery, ExecutionRequest, Observer, Outcome, Settlement
 from async_task_api_worker.protocol.codes import ErrorCode
+from async_task_api_worker.runtime.runner import NEVER_STARTED
 from async_task_api_worker.settings import WorkerSettings
 from async_task_api_worker.task_call import TaskFields, fields_of
 from async_task_api_worker.transports.rabbitmq import RabbitMQTransport
@@ -208,7 +209,13 @@ def _conclusion_of(result: dict[str, Any]) -> Conclusion:
 
 
 async def _report_swept(
-    engine: Engine, service: str, correlation_id: str, result: dict[str, Any], reason: str
+    engine: Engine,
+    service: str,
+    correlation_id: str,
+    result: dict[str, Any],
+    reason: str,
+    *,
+    via: Delivery,
 ) -> Settlement:
     # Lost state (an unreadable marker, no input left) leaves the task id (the file's name)
     # and nothing else: attempt 1 under the queue's limit, and no client id (docs/protocol.md).
@@ -221,6 +228,7 @@ async def _report_swept(
         raise Undeliverable(f"meta that cannot be read ({type(exc).__name__})") from exc
     return await engine.report_result(
         _conclusion_of(result),
+        via=via,
         task_id=str(meta["task_id"]),
         client_id=None if client_id is None else str(client_id),
         attempt=attempt,
@@ -274,6 +282,7 @@ async def run_tick(
         service=worker.name,
         heartbeat_s=settings.broker_heartbeat_s,
         connect_timeout_s=10.0,
+        max_body_bytes=settings.worker_max_message_bytes,
     )
     executor = DetachedExecutor(state_dir, target)
     hold_s = hold_for(keep_free_s)
@@ -296,7 +305,9 @@ async def run_tick(
             "at most)"
         ) from None
     try:
-        report.swept = await _sweep(engine, worker.name, state_dir, hold_s, report)
+        report.swept = await _sweep(
+            engine, worker.name, state_dir, hold_s, report, via=transport.report_only()
+        )
         if report.ok:
             deliveries = transport.deliveries()
             taken = 0
@@ -306,7 +317,8 @@ async def run_tick(
                     break
                 taken += 1
                 report.record(await engine.handle(delivery))
-        await transport.stop_consuming()
+        for never_started in await transport.stop_consuming():
+            await engine.give_back(never_started, NEVER_STARTED)
     finally:
         with contextlib.suppress(Exception):
             await asyncio.wait_for(transport.close(), timeout=CLOSE_TIMEOUT_S)
@@ -316,9 +328,18 @@ async def run_tick(
 
 
 async def _sweep(
-    engine: Engine, service: str, state_dir: Path, hold_s: float, report: TickReport
+    engine: Engine,
+    service: str,
+    state_dir: Path,
+    hold_s: float,
+    report: TickReport,
+    *,
+    via: Delivery,
 ) -> SweepReport:
-    """Sweep in a thread; each result goes out through the engine on this loop."""
+    """Sweep in a thread; each result goes out through the engine on this loop.
+
+    ``via`` is the delivery that carries the reports (and settles nothing).
+    """
     loop = asyncio.get_running_loop()
 
     sent = SweepReport()  # what went out, kept if the sweep stops half-way
@@ -327,7 +348,7 @@ async def _sweep(
         expired = bool(result.get("expired"))
         reason = "swept_expiry" if expired else "swept_result"
         future = asyncio.run_coroutine_threadsafe(
-            _report_swept(engine, service, correlation_id, result, reason), loop
+            _report_swept(engine, service, correlation_id, result, reason, via=via), loop
         )
         settlement = future.result(timeout=hold_s + CLOSE_TIMEOUT_S)
         if settlement.outcome not in _SETTLED_WELL:

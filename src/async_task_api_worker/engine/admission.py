@@ -16,7 +16,6 @@ here; the task call (:mod:`async_task_api_worker.task_call`) owns the input rule
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
@@ -27,7 +26,7 @@ from async_task_api_worker.definition import TaskDefinition
 from async_task_api_worker.errors import EnvelopeDecodeError
 from async_task_api_worker.ports import Delivery
 from async_task_api_worker.protocol.codes import ErrorCode, PoisonReason
-from async_task_api_worker.protocol.envelope import Envelope, decode_envelope
+from async_task_api_worker.protocol.envelope import Envelope
 from async_task_api_worker.task_call import TaskFields, validate_input
 
 __all__ = ["UNKNOWN_COUNT_LIMIT", "Admitted", "Attempt", "Refused", "admit", "attempt_of"]
@@ -54,20 +53,22 @@ class Attempt:
     count_known: bool
 
 
-def attempt_of(delivery: Delivery, *, delivery_limit: int, count_known: bool) -> Attempt:
-    """The attempt of ``delivery``.
+def attempt_of(delivery: Delivery, *, delivery_limit: int) -> Attempt:
+    """The attempt of ``delivery``, under its broker's counting rule.
 
     Args:
         delivery: as the transport handed it out.
         delivery_limit: ``WORKER_DELIVERY_LIMIT``.
-        count_known: whether the transport's broker counts deliveries
-            (``Transport.delivery_count_known``).
 
-    With a count, the attempt is the count plus one. Without one (a classic queue), a
-    redelivery is attempt 2 and the limit is at most :data:`UNKNOWN_COUNT_LIMIT`: a retry is
-    allowed once, and a crash loop cannot be detected.
+    A delivery its broker cannot hand out again (``requeueable`` false: SQS deletes on pickup,
+    and Step Functions is the only retry source) is its task's one attempt (``1/1``). With a
+    count, the attempt is the count plus one. Without one (a classic queue), a redelivery is
+    attempt 2 and the limit is at most :data:`UNKNOWN_COUNT_LIMIT`: a retry is allowed once,
+    and a crash loop cannot be detected.
     """
-    if delivery.delivery_count is None or not count_known:
+    if not delivery.requeueable:
+        return Attempt(1, 1, True)
+    if delivery.delivery_count is None:
         return Attempt(
             2 if delivery.redelivered else 1, min(delivery_limit, UNKNOWN_COUNT_LIMIT), False
         )
@@ -102,18 +103,12 @@ class Refused:
     poison_reason: str | None = None
 
 
-def _protocol_envelope(delivery: Delivery, *, max_body_bytes: int) -> Envelope:
-    return decode_envelope(delivery.body, max_body_bytes=max_body_bytes)
-
-
 def admit(
     delivery: Delivery,
     attempt: Attempt,
     *,
     task: TaskDefinition,
     service: str,
-    max_body_bytes: int,
-    envelope_of: Callable[..., Envelope] = _protocol_envelope,
 ) -> Admitted | Refused:
     """Decide whether ``delivery`` runs (see the module); a poison message is logged here.
 
@@ -122,21 +117,17 @@ def admit(
         attempt: its attempt (:func:`attempt_of`).
         task: the worker's task (its input model).
         service: the worker's service name; an envelope for another one is poison.
-        max_body_bytes: ``WORKER_MAX_MESSAGE_BYTES``.
-        envelope_of: reads the envelope from the transport's message format
-            (``Transport.envelope``: called with the delivery and ``max_body_bytes=``; it raises
-            ``EnvelopeDecodeError``); default: the body is the protocol's envelope.
     """
-    try:
-        envelope = envelope_of(delivery, max_body_bytes=max_body_bytes)
-        if envelope.service != service:
-            raise EnvelopeDecodeError(
-                PoisonReason.WRONG_SERVICE,
-                f"envelope is for another service than this worker's ({service})",
-                task_id=envelope.task_id,
-                client_id=envelope.client_id,
-            )
-    except EnvelopeDecodeError as exc:
+    envelope = delivery.envelope
+    if not isinstance(envelope, EnvelopeDecodeError) and envelope.service != service:
+        envelope = EnvelopeDecodeError(
+            PoisonReason.WRONG_SERVICE,
+            f"envelope is for another service than this worker's ({service})",
+            task_id=envelope.task_id,
+            client_id=envelope.client_id,
+        )
+    if isinstance(envelope, EnvelopeDecodeError):
+        exc = envelope
         _logger.warning(
             "Poison message: %s",
             exc,

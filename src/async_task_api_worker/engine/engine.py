@@ -117,9 +117,6 @@ class Engine:
         self._wall_clock = wall_clock
         self._jitter = jitter
         self._timeout_s = settings.task_timeout_s(self._task.timeout_s)
-        # A transport that deletes a message on pickup cannot put it back for another try: its
-        # caller (Step Functions) retries, so each delivery is its task's one attempt.
-        self._delivery_limit = 1 if transport.deletes_on_pickup else settings.worker_delivery_limit
         self._hold_s = settings.delivery_hold_s()
         if max_hold_s is not None:
             self._hold_s = min(self._hold_s, max_hold_s)
@@ -201,6 +198,7 @@ class Engine:
         self,
         conclusion: Conclusion,
         *,
+        via: Delivery,
         task_id: str,
         client_id: str | None,
         attempt: int,
@@ -213,13 +211,15 @@ class Engine:
         goes out held as for a delivery, then the decision line (``action=none``, ``reason``:
         ``swept_result``, ``swept_expiry``) and the metrics. ``client_id`` is ``None`` and
         ``delivery_limit`` is ``None`` (the queue's own) when the task's marker was lost.
+        ``via`` is the transport's delivery that reports and settles nothing
+        (``RabbitMQTransport.report_only``).
 
         Returns:
             ``success`` or ``failure`` once the report is confirmed, else ``publish_failed``.
         """
         arrived_at = self._monotonic()
         self._notify(_RECEIVED)
-        run = self.reporter_for(Delivery(body=b""), arrived_at)
+        run = self.reporter_for(via, arrived_at)
         run.task_id, run.client_id = task_id, client_id
         run.attempt = attempt
         if delivery_limit is not None:
@@ -236,16 +236,12 @@ class Engine:
         """The reporter of one delivery, its attempt counted under the queue's rule.
 
         Args:
-            delivery: the delivery (an empty one for a report that settles nothing, such as a
+            delivery: the delivery (one that settles nothing for a report alone, such as a
                 swept result).
             arrived_at: when it arrived, on the engine's monotonic clock.
             stop: the shutdown signal whose abort ends a held report.
         """
-        attempt = attempt_of(
-            delivery,
-            delivery_limit=self._delivery_limit,
-            count_known=self._transport.delivery_count_known,
-        )
+        attempt = attempt_of(delivery, delivery_limit=self._settings.worker_delivery_limit)
         return DeliveryReporter(
             delivery=delivery,
             attempt=attempt.number,
@@ -270,8 +266,6 @@ class Engine:
             Attempt(run.attempt, run.limit, run.count_known),
             task=self._task,
             service=self._service,
-            max_body_bytes=self._settings.worker_max_message_bytes,
-            envelope_of=self._transport.envelope,
         )
         if isinstance(admission, Admitted):
             run.task_id, run.client_id = admission.fields.task_id, admission.fields.client_id

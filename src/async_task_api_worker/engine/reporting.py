@@ -234,8 +234,7 @@ class DeliveryReporter:
         is_started = encoded is self._started_report
         started = self._started if self._taken_over and not is_started else None
         try:
-            await self.transport.send(
-                self.delivery,
+            await self.delivery.report(
                 encoded,
                 placed=functools.partial(self._mark, _Started.SENT) if is_started else None,
             )
@@ -253,7 +252,7 @@ class DeliveryReporter:
         """Resend a lost ``started`` (a task, on this rare path), ``encoded`` once it is placed."""
         placed = asyncio.get_running_loop().create_future()
         ahead = asyncio.ensure_future(
-            self.transport.send(self.delivery, started, placed=lambda: _resolve(placed))
+            self.delivery.report(started, placed=lambda: _resolve(placed))
         )
         try:
             await asyncio.wait({ahead, placed}, return_when=asyncio.FIRST_COMPLETED)
@@ -266,7 +265,7 @@ class DeliveryReporter:
         self._mark(_Started.SENT)
         refused: Exception | None = None
         try:
-            await self.transport.send(self.delivery, encoded)
+            await self.delivery.report(encoded)
         except Exception as exc:
             refused = exc
         except BaseException:

@@ -204,7 +204,7 @@ class Settler:
                 # A message deleted on pickup is never delivered again: only its caller's own
                 # timeout (Step Functions' HeartbeatSeconds) ends the task now.
                 "the caller's timeout ends the task now (it was deleted on pickup)"
-                if self._transport.deletes_on_pickup
+                if not run.delivery.requeueable
                 else "the broker will deliver it again, and its task may be reported twice",
                 extra=task_log_extra(
                     {"task_id": run.task_id, "service": self._service, "attempt": run.attempt}
@@ -216,7 +216,7 @@ class Settler:
             DeliverySettled(settlement, self._monotonic() - arrived_at, verdict.handler_ran)
         )
         try:
-            await self._transport.release(run.delivery)
+            await run.delivery.release()
         except asyncio.CancelledError as exc:
             cut = cut or exc
         except Exception as exc:  # the contract says it never raises: an adapter bug, logged
@@ -227,13 +227,22 @@ class Settler:
             raise cut
         return settlement
 
-    async def _settle(self, run: DeliveryReporter, verdict: Verdict) -> None:
+    @staticmethod
+    async def _settle(run: DeliveryReporter, verdict: Verdict) -> None:
+        delivery = run.delivery
         if verdict.action is Action.NACK_REQUEUE:
-            await self._transport.requeue(run.delivery, count_attempt=verdict.counted)
+            # One that cannot be requeued is never retried (``attempt_of``: 1/1); a counted
+            # give-back of it (an engine error) hands it back to its caller all the same.
+            if verdict.counted and delivery.requeueable:
+                await delivery.retry()
+            else:
+                await delivery.give_back()
+        elif not delivery.requeueable:
+            return  # it left the queue at pickup: an ack or a reject has nothing to tell
         elif verdict.action is Action.REJECT:
-            await self._transport.reject(run.delivery)
+            await delivery.reject()
         else:
-            await self._transport.ack(run.delivery)
+            await delivery.ack()
 
 
 #: The settle span's operation (``observability.tracing.settling``) of each broker call.

@@ -42,6 +42,7 @@ __all__ = [
     "InputRef",
     "check_depth",
     "decode_envelope",
+    "read_envelope",
     "describe_validation_error",
     "model_field_names",
     "read_object",
@@ -351,3 +352,17 @@ def _json_kind(value: Any) -> str:
     if value is None:
         return "null"
     return "number"
+
+
+def read_envelope(
+    body: bytes, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+) -> Envelope | EnvelopeDecodeError:
+    """:func:`decode_envelope`, with the error returned rather than raised.
+
+    What a transport puts on a delivery (``ports.Delivery.envelope``): the envelope, or why the
+    body is poison, for the engine's admission to settle.
+    """
+    try:
+        return decode_envelope(body, max_body_bytes=max_body_bytes)
+    except EnvelopeDecodeError as exc:
+        return exc

@@ -55,6 +55,7 @@ __all__ = [
     "decode_report",
     "encode_report",
     "format_timestamp",
+    "response_json",
 ]
 
 #: Report timestamps: UTC, microseconds always written, ``Z`` suffix.
@@ -281,6 +282,26 @@ def encode_report(
         app_id=report.service,
     )
     return EncodedReport(report=report, body=body, properties=properties)
+
+
+def response_json(encoded: EncodedReport) -> bytes:
+    """The canonical bytes of a ``success`` report's response, read from its encoded body.
+
+    They are the same bytes ``canonical_dumps(response)`` gives (the encoder is the same, and
+    a value encodes alike at any depth), taken from where :func:`encode_report` wrote them
+    rather than encoded again. The body's keys are sorted: ``response`` follows ``attempt``,
+    ``client_id`` and ``protocol_version`` (a number and identifiers, which hold no quote) and
+    precedes ``service`` (then ``task_id``, ``timestamp``, ``type``: identifiers too), so the
+    first ``"response":`` and the last ``,"service":`` bound it.
+
+    Raises:
+        ValueError: ``encoded`` is not a ``success`` report.
+    """
+    if not isinstance(encoded.report, SuccessReport):
+        raise ValueError(f"a {encoded.type} report has no response")
+    body = encoded.body
+    start = body.index(b'"response":') + len(b'"response":')
+    return body[start : body.rindex(b',"service":')]
 
 
 def decode_report(body: bytes) -> StartedReport | ProgressReport | SuccessReport | FailureReport:

@@ -131,6 +131,7 @@ def transport_for(worker: Worker, settings: WorkerSettings, **options: Any) -> T
         heartbeat_s=settings.broker_heartbeat_s,
         connect_timeout_s=connect_timeout_s,
         control_exchange=settings.control_exchange(worker.name),
+        max_body_bytes=settings.worker_max_message_bytes,
     )
 
 
@@ -142,16 +143,17 @@ def runner_for(worker: Worker, settings: WorkerSettings) -> Runner:
 def shutdown_bounds(worker: Worker, settings: WorkerSettings) -> tuple[float, float]:
     """The drain's grace and the shutdown bound of one worker process, in seconds.
 
-    The grace is ``runtime.hooks.drain_grace_s`` on the transport ``run`` builds (made, not
-    connected), the bound ``runtime.hooks.shutdown_bound_s`` with that grace: what ``check``
-    prints, and what a supervisor of several processes adds its margin to.
+    The grace is ``runtime.hooks.drain_grace_s`` for the transport ``run`` builds (made, not
+    connected, so that its configuration errors are raised here too), the bound
+    ``runtime.hooks.shutdown_bound_s`` with that grace: what ``check`` prints, and what a
+    supervisor of several processes adds its margin to.
 
     Raises:
         SettingsError: ``WORKER_TRANSPORT=sqs-sfn`` without boto3 installed.
     """
-    transport = transport_for(worker, settings)
+    transport_for(worker, settings)  # its configuration errors, as ``run`` would raise them
     timeout_s = settings.task_timeout_s(worker.task_definition.timeout_s)
-    grace_s = drain_grace_s(settings, timeout_s, deletes_on_pickup=transport.deletes_on_pickup)
+    grace_s = drain_grace_s(settings, timeout_s)
     return grace_s, shutdown_bound_s(settings, grace_s=grace_s)
 
 

@@ -45,17 +45,16 @@ STUCK_CHECK_S: Final = 2.0
 FINISH_MARGIN_S: Final = 10.0
 
 
-def drain_grace_s(
-    settings: WorkerSettings, task_timeout_s: float, *, deletes_on_pickup: bool
-) -> float:
+def drain_grace_s(settings: WorkerSettings, task_timeout_s: float) -> float:
     """The grace period in-flight tasks get after the signal, in seconds.
 
-    ``WORKER_SHUTDOWN_GRACE_S``; on a transport that deletes on pickup (SQS + Step Functions)
-    at least the task timeout plus :data:`FINISH_MARGIN_S`: a task in hand cannot be put back in
-    a queue, so it is finished (seed 000: protection defers a stop until the message is done).
+    ``WORKER_SHUTDOWN_GRACE_S``; on SQS + Step Functions (``WORKER_TRANSPORT=sqs-sfn``, which
+    deletes a message on pickup) at least the task timeout plus :data:`FINISH_MARGIN_S`: a task
+    in hand cannot be put back in a queue, so it is finished (seed 000: protection defers a
+    stop until the message is done).
     """
     grace_s = settings.worker_shutdown_grace_s
-    if deletes_on_pickup:
+    if settings.worker_transport is WorkerTransport.SQS_SFN:
         grace_s = max(grace_s, task_timeout_s + FINISH_MARGIN_S)
     return grace_s
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from enum import StrEnum
 from typing import Final
 
@@ -89,9 +89,7 @@ class Runner:
         self._engine = Engine(
             worker, settings, transport, self._executor, observers=(self.metrics, *observers)
         )
-        self._grace_s = drain_grace_s(
-            settings, self._engine.task_timeout_s, deletes_on_pickup=transport.deletes_on_pickup
-        )
+        self._grace_s = drain_grace_s(settings, self._engine.task_timeout_s)
         self._state = RunnerState.CREATED
         self._stop = StopSignal()
         self._shutdown_requested = asyncio.Event()
@@ -316,15 +314,25 @@ class Runner:
                     # other message is held, or pushed towards its delivery limit, by a job
                     # about to exit.
                     self._quota_reached = True
-                    with contextlib.suppress(Exception):
-                        await asyncio.wait_for(
-                            self._transport.stop_consuming(), timeout=STOP_CONSUMING_MIN_S
-                        )
+                    await self._stop_consuming()
         except TransportError as exc:
             _logger.error("The transport gave up (%s): %s", exception_type_name(exc), exc)
             self._exit_code = ExitCode.FAILURE
             self.failure = exc
             self._shutdown_requested.set()
+
+    async def _stop_consuming(self) -> None:
+        """Stop the consumer; what it received and never handed out goes back.
+
+        Each through the engine's give-back: a decision line each, no attempt counted.
+        """
+        left: Sequence[Delivery] = ()
+        with contextlib.suppress(Exception):
+            left = await asyncio.wait_for(
+                self._transport.stop_consuming(), timeout=STOP_CONSUMING_MIN_S
+            )
+        for delivery in left:
+            await self._engine.give_back(delivery, NEVER_STARTED)
 
     async def _handle(self, delivery: Delivery) -> None:
         try:
@@ -341,8 +349,7 @@ class Runner:
     async def _drain(self, consuming: asyncio.Future[None]) -> None:
         self._state = RunnerState.DRAINING
         self._stop.draining.cancel("shutdown")
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(self._transport.stop_consuming(), timeout=STOP_CONSUMING_MIN_S)
+        await self._stop_consuming()
         consuming.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await consuming

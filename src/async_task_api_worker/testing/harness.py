@@ -166,7 +166,10 @@ class WorkerHarness:
             ),
             task.timeout_s,
         )
-        self.transport = InMemoryTransport(prefetch=self.settings.worker_concurrency)
+        self.transport = InMemoryTransport(
+            prefetch=self.settings.worker_concurrency,
+            max_body_bytes=self.settings.worker_max_message_bytes,
+        )
         """The in-memory broker: its ``published``, ``acked`` and ``dead_letters``."""
         self.events: list[EngineEvent] = []
         """Every event the engine emitted (reports published, progress dropped...)."""

@@ -9,7 +9,8 @@ from typing import Any
 from async_task_api_worker.conclusion import Conclusion, Failure
 from async_task_api_worker.detached.state import write_atomically
 from async_task_api_worker.detached.tick import DetachedExecutor, TickReport, _sweep
-from async_task_api_worker.ports import Action, Outcome, Settlement
+from async_task_api_worker.ports import Action, Delivery, Outcome, Settlement
+from async_task_api_worker.transports.memory import InMemoryTransport
 
 
 def test_any_state_file_of_a_task_says_it_was_handed_out(tmp_path: Path) -> None:
@@ -32,9 +33,13 @@ class FakeEngine:
 
     def __init__(self) -> None:
         self.calls: list[dict[str, Any]] = []
+        self.via: list[Delivery] = []
 
-    async def report_result(self, conclusion: Conclusion, **ids: Any) -> Settlement:
+    async def report_result(
+        self, conclusion: Conclusion, *, via: Delivery, **ids: Any
+    ) -> Settlement:
         self.calls.append(ids)
+        self.via.append(via)
         outcome = Outcome.SUCCESS if len(self.calls) == 1 else Outcome.PUBLISH_FAILED
         return Settlement(outcome, Action.NONE, None, ids["task_id"], 1, 7)
 
@@ -44,7 +49,9 @@ async def test_a_sweep_that_stops_half_way_keeps_what_it_delivered(tmp_path: Pat
         result = {"ok": True, "response": {}, "meta": {"task_id": task_id}}
         write_atomically(tmp_path / f"{task_id}.json", json.dumps(result).encode())
     engine, report = FakeEngine(), TickReport()
-    swept = await _sweep(engine, "svc", tmp_path, 1.0, report)  # type: ignore[arg-type]
+    via = InMemoryTransport().report_only()
+    swept = await _sweep(engine, "svc", tmp_path, 1.0, report, via=via)  # type: ignore[arg-type]
+    assert engine.via == [via, via]  # each report goes out on the delivery given
     assert swept.delivered == ["a-1"]
     assert not report.ok and "a-2" in report.problems[0]
     assert (tmp_path / "a-2.json").exists()  # for the next tick
@@ -56,7 +63,8 @@ async def test_a_result_whose_state_was_lost_is_reported_under_the_queues_limit(
     failure = {"ok": False, "error": {"code": "WORKER_DIED", "message": "lost"}, "meta": {}}
     write_atomically(tmp_path / "b-1.json", json.dumps(failure).encode())
     engine = FakeEngine()
-    await _sweep(engine, "svc", tmp_path, 1.0, TickReport())  # type: ignore[arg-type]
+    via = InMemoryTransport().report_only()
+    await _sweep(engine, "svc", tmp_path, 1.0, TickReport(), via=via)  # type: ignore[arg-type]
     assert engine.calls == [
         {
             "task_id": "b-1",

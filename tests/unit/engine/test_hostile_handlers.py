@@ -132,9 +132,9 @@ class OrderedTransport(InMemoryTransport):
         await super().publish(delivery, report)
         self.operations.append(report.type)
 
-    async def requeue(self, delivery: Delivery, *, count_attempt: bool) -> None:
-        await super().requeue(delivery, count_attempt=count_attempt)
-        self.operations.append("requeue")
+    async def give_back(self, delivery: Delivery) -> None:
+        await super().give_back(delivery)
+        self.operations.append("give_back")
 
 
 async def test_a_progress_report_on_the_wire_lands_before_the_give_back() -> None:
@@ -156,7 +156,7 @@ async def test_a_progress_report_on_the_wire_lands_before_the_give_back() -> Non
     transport.release_progress.set()
     with pytest.raises(asyncio.CancelledError):
         await handling
-    assert transport.operations == ["started", "progress", "requeue"]
+    assert transport.operations == ["started", "progress", "give_back"]
 
 
 class Exploding(BaseModel):

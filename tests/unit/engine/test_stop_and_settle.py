@@ -320,7 +320,7 @@ async def test_a_held_progress_update_is_never_published_after_an_external_cance
 
 
 class BuggySettleTransport(InMemoryTransport):
-    async def requeue(self, delivery: Delivery, *, count_attempt: bool) -> None:
+    async def retry(self, delivery: Delivery) -> None:
         raise KeyError("adapter bug")
 
 
@@ -437,6 +437,7 @@ async def test_a_result_reported_after_its_delivery_writes_one_decision_line_and
     )
     settlement = await engine.report_result(
         Failure("WORKER_DIED", "lost"),
+        via=transport.report_only(),
         task_id="t-9",
         client_id=None,  # lost with the task's state
         attempt=1,

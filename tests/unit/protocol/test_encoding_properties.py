@@ -19,6 +19,7 @@ from async_task_api_worker.protocol import (
     encode_report,
 )
 from async_task_api_worker.protocol.codes import ERROR_CODE_PATTERN
+from async_task_api_worker.protocol.reports import response_json
 from tests.unit.protocol.protocol_strategies import (
     ids,
     joined,
@@ -188,3 +189,28 @@ def test_failure_and_started_reports_round_trip(
 ) -> None:
     _round_trip(FailureReport(**fields, error=ReportError(code=code, message=message)))
     _round_trip(StartedReport(**fields))
+
+
+@settings(max_examples=200, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    response=json_objects(keys=st.one_of(texts, st.sampled_from(["response", "service", "type"]))),
+    task_id=ids,
+    client_id=st.one_of(st.none(), ids),
+    service=service_names,
+)
+def test_a_success_reports_response_is_read_from_its_body_as_encoded_alone(
+    response: dict[str, Any], task_id: str, client_id: str | None, service: str
+) -> None:
+    # Step Functions' output is the response: read from the report's body, never encoded again.
+    report = SuccessReport.model_construct(
+        protocol_version=1,
+        type="success",
+        task_id=task_id,
+        client_id=client_id,
+        service=service,
+        attempt=1,
+        timestamp="2026-01-01T00:00:00.000000Z",
+        response={"nested": response, "service": "x", "response": response},
+    )
+    encoded = encode_report(report)
+    assert response_json(encoded) == canonical_dumps(report.response)

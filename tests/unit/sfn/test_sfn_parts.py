@@ -91,7 +91,7 @@ async def test_a_stale_answer_withdraws_the_delivery(code: str) -> None:
         delivery = await transport.pick_up(MESSAGE)
         # The engine stops the handler on this token (a process group is killed).
         assert await withdrawn(delivery) == "stale task token"
-    await transport.release(delivery)
+    await delivery.release()
     await transport.close()
 
 
@@ -108,7 +108,7 @@ async def test_throttling_and_server_errors_never_withdraw() -> None:
         await withdrawn(delivery)
     # Only the third answer (stale) withdrew it.
     stubber.assert_no_pending_responses()
-    await transport.release(delivery)
+    await delivery.release()
     await transport.close()
 
 

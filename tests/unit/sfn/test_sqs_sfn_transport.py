@@ -25,7 +25,6 @@ from async_task_api_worker.errors import (
     SettleError,
 )
 from async_task_api_worker.executors import InlineExecutor
-from async_task_api_worker.ports import Delivery
 from async_task_api_worker.protocol.reports import (
     FailureReport,
     ReportError,
@@ -51,6 +50,7 @@ from async_task_api_worker.transports.sqs_sfn.codec import (
     output_of,
     read_body,
 )
+from async_task_api_worker.transports.sqs_sfn.tokens import SfnDelivery
 from tests.conftest import decision_records
 from tests.unit.sfn.test_sfn_parts import stubbed
 
@@ -259,8 +259,8 @@ def test_error_and_cause_are_bounded_and_named_by_the_face() -> None:
 # ---------------------------------------------------------------------------- the transport
 
 
-async def take(transport: SqsSfnTransport, count: int) -> list[Delivery]:
-    taken: list[Delivery] = []
+async def take(transport: SqsSfnTransport, count: int) -> list[SfnDelivery]:
+    taken: list[SfnDelivery] = []
     async for delivery in transport.deliveries():
         taken.append(delivery)
         if len(taken) == count:
@@ -279,10 +279,10 @@ async def test_nothing_is_received_while_every_slot_is_taken() -> None:
     receiving = asyncio.ensure_future(take(transport, 1))
     await asyncio.sleep(0.05)
     assert aws.receives == 1 and not receiving.done()  # the one slot is in hand
-    await transport.release(first)
+    await first.release()
     (second,) = await asyncio.wait_for(receiving, 5)
-    assert second.handle.read.token == "b"
-    await transport.release(second)
+    assert second.token == "b"
+    await second.release()
     assert agent.states == [True, False, True, False]
     await transport.close()
 
@@ -317,15 +317,21 @@ async def test_a_give_back_ends_the_token_with_task_given_back() -> None:
     transport = transport_on(aws)
     await transport.connect()
     (delivery,) = await take(transport, 1)
-    await transport.requeue(delivery, count_attempt=False)
+    await delivery.give_back()
     ((token, error, cause),) = aws.sent("failure")
     assert (token, error) == ("a", GIVEN_BACK_ERROR) and "not the task's failure" in cause
     aws.fail_next["send_task_failure"] = "TaskTimedOut"
-    await transport.requeue(delivery, count_attempt=False)  # stale already: nothing to do
+    await delivery.give_back()  # stale already: nothing to do
     aws.fail_next["send_task_failure"] = "ThrottlingException"
     with pytest.raises(SettleError):
-        await transport.requeue(delivery, count_attempt=True)
-    await transport.release(delivery)
+        await delivery.give_back()
+    # It left SQS at pickup: no requeue, ack or reject to fake (the engine asks for none).
+    assert not delivery.requeueable
+    for settle in (delivery.retry(), delivery.ack(), delivery.reject()):
+        with pytest.raises(SettleError):
+            await settle
+    assert len(aws.sent("failure")) == 1
+    await delivery.release()
     await transport.close()
 
 
@@ -336,9 +342,9 @@ async def test_a_stale_token_on_a_report_withdraws_the_delivery() -> None:
     (delivery,) = await take(transport, 1)
     aws.fail_next["send_task_success"] = "InvalidToken"
     with pytest.raises(Exception, match="stale"):
-        await transport.publish(delivery, success({"ok": True}))
+        await delivery.report(success({"ok": True}))
     assert delivery.cancel_token.reason == "stale task token"
-    await transport.release(delivery)
+    await delivery.release()
     await transport.close()
 
 
@@ -354,15 +360,14 @@ async def test_a_refused_queue_is_a_configuration_error_and_a_lost_one_is_retrie
         await transport_on(aws, connect_timeout_s=0.01).connect()
 
 
-async def test_a_refused_body_raises_its_decode_error_for_the_engine() -> None:
+async def test_a_refused_body_carries_its_decode_error_for_the_engine() -> None:
     aws = FakeAws(["{not json"])
     transport = transport_on(aws)
     await transport.connect()
     (delivery,) = await take(transport, 1)
-    with pytest.raises(EnvelopeDecodeError, match="no task token to report to"):
-        transport.envelope(delivery, max_body_bytes=100)
-    await transport.reject(delivery)
-    await transport.release(delivery)
+    assert isinstance(delivery.envelope, EnvelopeDecodeError)
+    assert "no task token to report to" in str(delivery.envelope)
+    await delivery.release()
     assert aws.sent("failure") == [] and aws.sent("heartbeat") == []
     await transport.close()
 
@@ -411,14 +416,6 @@ async def test_each_delivery_is_its_tasks_one_attempt_so_a_retry_concludes(
     await transport.close()
 
 
-class PickupDeleting(InMemoryTransport):
-    """The memory broker, as if it deleted on pickup."""
-
-    @property
-    def deletes_on_pickup(self) -> bool:
-        return True
-
-
 def sleeping_worker(entered: asyncio.Event) -> Worker:
     worker = Worker("svc")
 
@@ -432,17 +429,22 @@ def sleeping_worker(entered: asyncio.Event) -> Worker:
 
 
 async def test_the_drain_finishes_a_task_that_cannot_be_given_back() -> None:
-    settings_ = load_settings({"worker_shutdown_grace_s": 0}, read_environment=False)
-    assert drain_grace_s(settings_, 20, deletes_on_pickup=True) == 20 + FINISH_MARGIN_S
-    assert drain_grace_s(settings_, 20, deletes_on_pickup=False) == 0
+    on_rabbitmq = load_settings({"worker_shutdown_grace_s": 0}, read_environment=False)
+    settings_ = load_settings(
+        {"worker_shutdown_grace_s": 0, "worker_transport": "sqs-sfn", "sqs_queue_url": QUEUE},
+        read_environment=False,
+    )
+    assert drain_grace_s(settings_, 20) == 20 + FINISH_MARGIN_S
+    assert drain_grace_s(on_rabbitmq, 20) == 0
     entered = asyncio.Event()
-    transport = PickupDeleting()
+    transport = InMemoryTransport()  # the grace is the face's: the memory broker stands in
     transport.put(
         b'{"protocol_version":1,"task_id":"t","client_id":"c","service":"svc","input":{}}'
     )
     runner = Runner(sleeping_worker(entered), settings_, transport)
     assert runner.grace_s == 20 + FINISH_MARGIN_S
-    assert shutdown_bound_s(settings_, grace_s=runner.grace_s) == 30 + 5 + 5 + 5 + 2
+    # on SQS, the close also waits out a long poll (SQS_WAIT_TIME_S)
+    assert shutdown_bound_s(settings_, grace_s=runner.grace_s) == 30 + 5 + 5 + 5 + 2 + 5
     serving = asyncio.ensure_future(runner.serve())
     await asyncio.wait_for(entered.wait(), 5)
     runner.request_shutdown("test")
@@ -463,7 +465,7 @@ async def test_the_stale_line_is_at_the_faces_level(caplog: pytest.LogCaptureFix
     await asyncio.wait_for(done.wait(), 5)
     (line,) = [r for r in caplog.records if "went stale" in r.getMessage()]
     assert line.levelno == logging.INFO and "TaskTimedOut" in line.getMessage()
-    await transport.release(delivery)
+    await delivery.release()
     await transport.close()
 
 
@@ -592,13 +594,13 @@ async def test_a_delete_that_failed_is_tried_again_and_its_copy_is_not_run_twice
         ClientError({"Error": {"Code": "InternalError", "Message": "x"}}, "DeleteMessage")
     )
     (delivery,) = await take(transport, 1)
-    assert delivery.handle.deleted is False
+    assert delivery.deleted is False
     del aws.delete_message  # SQS takes deletes again
     # SQS brings the message back (its visibility timeout ran out): the same token.
     copy = {"MessageId": "m-0", "ReceiptHandle": "r-again", "Body": token_body("a")}
     assert await transport.pick_up(copy) is None
     assert aws.sent("delete") == ["r-again"]
-    await transport.release(delivery)
+    await delivery.release()
     assert aws.sent("delete") == ["r-again", "r-0"]  # tried again at release
     await transport.close()
 
@@ -635,6 +637,42 @@ async def test_a_stop_during_pickup_hands_the_task_back_to_step_functions() -> N
     await asyncio.wait_for(handed_back.wait(), 5)
     release_delete.set()
     await transport.close()  # waits for what the stop left behind
+    assert [(token, error) for token, error, _ in aws.sent("failure")] == [("a", GIVEN_BACK_ERROR)]
+    assert aws.sent("visible") == ["r-1"]  # the rest of the batch, back to the queue
+
+
+async def test_a_stop_during_pickup_returns_the_delivery_for_the_engines_give_back(
+    decisions: Any,
+) -> None:
+    aws = FakeAws([token_body("a"), token_body("b")])
+    transport = transport_on(aws, prefetch=2)
+    await transport.connect()
+    deleting, release_delete = asyncio.Event(), asyncio.Event()
+    loop = asyncio.get_running_loop()
+    original = aws.delete_message
+
+    def slow_delete(**arguments: Any) -> None:
+        loop.call_soon_threadsafe(deleting.set)
+        asyncio.run_coroutine_threadsafe(release_delete.wait(), loop).result(5)
+        original(**arguments)
+
+    aws.delete_message = slow_delete  # type: ignore[method-assign]
+    consumer = asyncio.ensure_future(take(transport, 2))
+    await asyncio.wait_for(deleting.wait(), 5)
+    stopping = asyncio.ensure_future(transport.stop_consuming())
+    await asyncio.sleep(0)  # one turn: the stop takes the pickup in flight
+    release_delete.set()
+    (left,) = await asyncio.wait_for(stopping, 5)  # once picked up: its delete went through
+    assert left.token == "a" and left.deleted
+    assert await asyncio.wait_for(consumer, 5) == []  # the stop took it: not handed out
+    engine = Engine(
+        flaky_worker(), load_settings({}, read_environment=False), transport, InlineExecutor()
+    )
+    settled = await engine.give_back(left, "never_started")
+    assert (settled.outcome.value, settled.reason) == ("shutdown_requeued", "never_started")
+    (line,) = decision_records(decisions)
+    assert line.getMessage().endswith("attempt=1/1 reason=never_started")
+    await transport.close()
     assert [(token, error) for token, error, _ in aws.sent("failure")] == [("a", GIVEN_BACK_ERROR)]
     assert aws.sent("visible") == ["r-1"]  # the rest of the batch, back to the queue
 

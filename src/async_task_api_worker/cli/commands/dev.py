@@ -55,7 +55,11 @@ class _ReportPrinter:
 
 async def _serve(worker: Worker, settings: WorkerSettings, source: IO[str]) -> int:
     printer = _ReportPrinter()
-    transport = InMemoryTransport(prefetch=settings.worker_concurrency, on_publish=printer)
+    transport = InMemoryTransport(
+        prefetch=settings.worker_concurrency,
+        on_publish=printer,
+        max_body_bytes=settings.worker_max_message_bytes,
+    )
     runner = Runner(worker, settings, transport)
     lines = _read_lines(source)
     with shutdown_on_signals(runner.request_shutdown):

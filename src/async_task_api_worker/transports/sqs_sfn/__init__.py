@@ -9,7 +9,8 @@ from async_task_api_worker.transports.sqs_sfn.protection import (
     TaskProtection,
     protection_minutes,
 )
-from async_task_api_worker.transports.sqs_sfn.transport import GIVEN_BACK_ERROR, SqsSfnTransport
+from async_task_api_worker.transports.sqs_sfn.tokens import GIVEN_BACK_ERROR
+from async_task_api_worker.transports.sqs_sfn.transport import SqsSfnTransport
 
 __all__ = [
     "GIVEN_BACK_ERROR",

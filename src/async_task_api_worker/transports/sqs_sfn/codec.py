@@ -26,7 +26,6 @@ from typing import Any, Final
 
 from async_task_api_worker.errors import EnvelopeDecodeError, MessageTooLargeError
 from async_task_api_worker.protocol.codes import PoisonReason
-from async_task_api_worker.protocol.encoding import canonical_dumps
 from async_task_api_worker.protocol.envelope import (
     ID_PATTERN,
     PROTOCOL_VERSION,
@@ -34,9 +33,10 @@ from async_task_api_worker.protocol.envelope import (
     check_depth,
     read_object,
 )
-from async_task_api_worker.protocol.reports import EncodedReport, FailureReport, SuccessReport
+from async_task_api_worker.protocol.reports import EncodedReport, FailureReport, response_json
 
 __all__ = [
+    "trace_headers",
     "MAX_CAUSE_CHARS",
     "MAX_ERROR_CHARS",
     "MAX_OUTPUT_BYTES",
@@ -175,8 +175,7 @@ def output_of(report: EncodedReport) -> str:
     Raises:
         MessageTooLargeError: its UTF-8 bytes exceed :data:`MAX_OUTPUT_BYTES`.
     """
-    assert isinstance(report.report, SuccessReport)  # noqa: S101 - the transport's own call
-    output = canonical_dumps(report.report.response)
+    output = response_json(report)  # as encoded for the report: not encoded a second time
     if len(output) > MAX_OUTPUT_BYTES:
         raise MessageTooLargeError(
             f"the output is {len(output)} bytes; Step Functions takes {MAX_OUTPUT_BYTES}"
@@ -201,3 +200,15 @@ def failure_of(report: EncodedReport, error_names: Mapping[str, str]) -> tuple[s
     code = report.report.error.code
     error = error_names.get(code, code)
     return error[:MAX_ERROR_CHARS], report.report.error.message[:MAX_CAUSE_CHARS]
+
+
+def trace_headers(message: Mapping[str, Any]) -> dict[str, str]:
+    """The ``traceparent`` and ``tracestate`` message attributes of an SQS message, if any."""
+    attributes = message.get("MessageAttributes") or {}
+    return {
+        name: str(value["StringValue"])
+        for name, value in attributes.items()
+        if name in ("traceparent", "tracestate")
+        and isinstance(value, Mapping)
+        and "StringValue" in value
+    }

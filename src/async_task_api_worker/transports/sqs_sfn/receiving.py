@@ -13,18 +13,25 @@ import concurrent.futures
 import contextlib
 import functools
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Final
 
-from async_task_api_worker.errors import SettleError, TransportError
+from async_task_api_worker.errors import (
+    BrokerRefusedError,
+    BrokerUnavailableError,
+    SettleError,
+    TransportError,
+)
 from async_task_api_worker.transports.sqs_sfn._aws import QueueRefusedError, SqsApi
 
-__all__ = ["RECEIVE_BACKOFF_S", "Receiver"]
+__all__ = ["CONNECT_BACKOFF_MAX_S", "RECEIVE_BACKOFF_S", "Receiver", "delete", "reach"]
 
 _logger = logging.getLogger("async_task_api_worker.transports.sqs_sfn")
 
 #: The wait after a failed receive (or an empty one without a long poll), in seconds.
 RECEIVE_BACKOFF_S: Final = 1.0
+#: The longest wait between two tries to reach SQS at start, in seconds.
+CONNECT_BACKOFF_MAX_S: Final = 30.0
 #: While receives keep failing, one line per this many seconds.
 FAILURE_LOG_EVERY_S: Final = 60.0
 
@@ -139,3 +146,65 @@ class Receiver:
         pending = [asyncio.wrap_future(future) for future in self._handing_back]
         if pending:
             await asyncio.wait(pending, timeout=max(0.0, deadline - loop.time()))
+
+
+async def delete(
+    call: Callable[[Callable[[], Any]], Awaitable[Any]],
+    sqs: SqsApi,
+    receipt: str,
+    message_id: str,
+    *,
+    again: bool = False,
+) -> bool:
+    """Delete a message through ``call`` (the transport's pool).
+
+    Returns ``False`` (logged) when it did not go through for now. ``again``: a retry, logged
+    at DEBUG (the first failure said it at WARNING).
+
+    Raises:
+        QueueRefusedError: SQS refuses deletes for good.
+    """
+    try:
+        await call(functools.partial(sqs.delete, receipt))
+    except SettleError as exc:
+        _logger.log(
+            logging.DEBUG if again else logging.WARNING,
+            "Could not delete the message (%s); trying again with each heartbeat",
+            exc,
+            extra={"task_id": message_id},
+        )
+        return False
+    return True
+
+
+async def reach(
+    call: Callable[[Callable[[], Any]], Awaitable[Any]],
+    sqs: SqsApi,
+    queue_url: str,
+    timeout_s: float | None,
+) -> None:
+    """Check the queue through ``call``, trying again with a backoff capped at 30 s.
+
+    Raises:
+        BrokerRefusedError: the queue does not exist, or AWS refuses the credentials.
+        BrokerUnavailableError: SQS could not be reached within ``timeout_s`` (``None``:
+            keep trying).
+    """
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    delay_s = 1.0
+    while True:
+        try:
+            await call(sqs.check)
+        except BrokerRefusedError:
+            raise
+        except TransportError as exc:
+            if timeout_s is not None and loop.time() - started >= timeout_s:
+                raise BrokerUnavailableError(
+                    f"SQS could not be reached within {timeout_s:g} s ({exc})"
+                ) from exc
+            _logger.warning("%s (SQS_QUEUE_URL %s); trying again in %g s", exc, queue_url, delay_s)
+            await asyncio.sleep(delay_s)
+            delay_s = min(delay_s * 2, CONNECT_BACKOFF_MAX_S)
+            continue
+        return

@@ -1,13 +1,4 @@
-"""An in-memory broker and transport: a real :class:`~async_task_api_worker.ports.Transport`.
-
-It behaves like a RabbitMQ quorum queue where it matters to the engine: each message has a
-delivery count (``x-delivery-count``, absent on the first delivery), a requeue puts it back at
-the head, a prefetch bounds the unacked deliveries, a queue delivery limit drops a message to
-the dead letters, publishes are confirmed (or fail, on request). With ``count_deliveries=False``
-it behaves like a classic queue: only the redelivered flag is set.
-
-It backs the test harness and the ``dev`` command, and runs the same engine as production.
-"""
+"""The in-memory broker and transport (see the package): the queue, its confirms, its faults."""
 
 from __future__ import annotations
 
@@ -15,57 +6,24 @@ import asyncio
 import itertools
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 from async_task_api_worker.errors import PublishError, SettleError
 from async_task_api_worker.ports import Delivery
-from async_task_api_worker.protocol.envelope import DELIVERY_COUNT_HEADER
+from async_task_api_worker.protocol.envelope import DEFAULT_MAX_BODY_BYTES
 from async_task_api_worker.protocol.reports import EncodedReport
-from async_task_api_worker.transports.envelope_bodies import EnvelopeBodies
+from async_task_api_worker.transports.memory.messages import (
+    DeadLetter,
+    MemoryDelivery,
+    PublishedReport,
+    QueuedMessage,
+    message_id_of,
+)
 
-__all__ = ["DeadLetter", "InMemoryTransport", "PublishedReport", "QueuedMessage"]
-
-
-@dataclass(slots=True)
-class QueuedMessage:
-    """A message in the in-memory queue.
-
-    Attributes:
-        body: the body bytes.
-        headers: the message headers, as published.
-        delivery_count: how many times the message was handed out and came back.
-        redelivered: whether it was handed out before.
-        message_id: the queue's own id for the message, from 1.
-    """
-
-    body: bytes
-    headers: dict[str, Any] = field(default_factory=dict)
-    delivery_count: int = 0
-    redelivered: bool = False
-    message_id: int = 0
+__all__ = ["InMemoryTransport"]
 
 
-@dataclass(frozen=True, slots=True)
-class PublishedReport:
-    """A report the broker confirmed, with the id of the message it was about."""
-
-    report: EncodedReport
-    message_id: int
-
-
-@dataclass(frozen=True, slots=True)
-class DeadLetter:
-    """A message that left the queue without an ack.
-
-    ``reason`` is ``rejected`` or ``delivery_limit`` (RabbitMQ's ``x-first-death-reason``).
-    """
-
-    message: QueuedMessage
-    reason: str
-
-
-class InMemoryTransport(EnvelopeBodies):
+class InMemoryTransport:
     """An in-memory queue with publisher confirms, for the harness and ``dev``.
 
     Args:
@@ -75,6 +33,8 @@ class InMemoryTransport(EnvelopeBodies):
         queue_delivery_limit: the queue's own ``delivery-limit`` policy: a message requeued
             more times than this goes to :attr:`dead_letters`. ``None``: no limit.
         on_publish: called with each confirmed report (the ``dev`` command prints them).
+        max_body_bytes: the largest body accepted (``WORKER_MAX_MESSAGE_BYTES``); a larger one
+            is a poison message.
     """
 
     def __init__(
@@ -84,8 +44,10 @@ class InMemoryTransport(EnvelopeBodies):
         count_deliveries: bool = True,
         queue_delivery_limit: int | None = None,
         on_publish: Callable[[PublishedReport], None] | None = None,
+        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     ) -> None:
         self._prefetch = prefetch
+        self._max_body_bytes = max_body_bytes
         self._count_deliveries = count_deliveries
         self._queue_delivery_limit = queue_delivery_limit
         self._ready: deque[QueuedMessage] = deque()
@@ -110,7 +72,7 @@ class InMemoryTransport(EnvelopeBodies):
     # ------------------------------------------------------------------ the producer side
 
     @property
-    def delivery_count_known(self) -> bool:
+    def counts_deliveries(self) -> bool:
         """Whether deliveries carry a count (a quorum queue) or not (a classic queue)."""
         return self._count_deliveries
 
@@ -232,7 +194,11 @@ class InMemoryTransport(EnvelopeBodies):
             handler(body)
         return len(self._cancel_handlers)
 
-    def take(self, message_id: int | None = None) -> Delivery | None:
+    def report_only(self) -> MemoryDelivery:
+        """A delivery that reports and settles nothing (for ``Engine.report_result``)."""
+        return MemoryDelivery(self, QueuedMessage(b""), max_body_bytes=self._max_body_bytes)
+
+    def take(self, message_id: int | None = None) -> MemoryDelivery | None:
         """Hand out a message now: the one at the head, or the one with ``message_id``.
 
         Returns:
@@ -249,18 +215,9 @@ class InMemoryTransport(EnvelopeBodies):
             message = found[0]
             self._ready.remove(message)
         self._unacked[message.message_id] = message
-        headers = dict(message.headers)
-        if self._count_deliveries and message.delivery_count:
-            headers[DELIVERY_COUNT_HEADER] = message.delivery_count
-        return Delivery(
-            body=message.body,
-            headers=headers,
-            delivery_count=message.delivery_count if self._count_deliveries else None,
-            redelivered=message.redelivered,
-            handle=message.message_id,
-        )
+        return MemoryDelivery(self, message, max_body_bytes=self._max_body_bytes)
 
-    async def deliveries(self) -> AsyncIterator[Delivery]:
+    async def deliveries(self) -> AsyncIterator[MemoryDelivery]:
         """Yield deliveries while consuming, at most ``prefetch`` unacked at once."""
         self._consuming = True
         while True:
@@ -273,10 +230,15 @@ class InMemoryTransport(EnvelopeBodies):
             if delivery is not None:
                 yield delivery
 
-    async def stop_consuming(self) -> None:
-        """End :meth:`deliveries`; unacked deliveries can still be settled."""
+    async def stop_consuming(self) -> tuple[()]:
+        """End :meth:`deliveries`; unacked deliveries can still be settled.
+
+        Returns:
+            Nothing: a message is handed out only as :meth:`deliveries` yields it.
+        """
         self._consuming = False
         self._wake()
+        return ()
 
     async def send(
         self,
@@ -323,13 +285,13 @@ class InMemoryTransport(EnvelopeBodies):
                     else:
                         self._fail_publishes[index][1] = times - 1
                 raise PublishError(f"injected failure of the {report.type} publish")
-        published = PublishedReport(report, int(delivery.handle or 0))
+        published = PublishedReport(report, message_id_of(delivery))
         self.published.append(published)
         if self._on_publish is not None:
             self._on_publish(published)
 
     def _settle(self, delivery: Delivery) -> QueuedMessage:
-        message = self._unacked.pop(int(delivery.handle or 0), None)
+        message = self._unacked.pop(message_id_of(delivery), None)
         if message is None:
             raise SettleError("unknown delivery (already settled?)")
         return message
@@ -343,18 +305,25 @@ class InMemoryTransport(EnvelopeBodies):
         self.acked.append(self._settle(delivery))
         self._wake()
 
-    async def requeue(self, delivery: Delivery, *, count_attempt: bool) -> None:
-        """Put the message back at the head.
-
-        A counted requeue adds one to its delivery count; a give-back does not (RabbitMQ 4.3+
-        semantics for ``basic.reject`` and ``basic.nack``).
+    async def retry(self, delivery: Delivery) -> None:
+        """Put the message back at the head, its delivery count one up (``basic.reject``).
 
         Raises:
             SettleError: the delivery was already settled.
         """
-        message = self._settle(delivery)
+        self._requeue(self._settle(delivery), counted=True)
+
+    async def give_back(self, delivery: Delivery) -> None:
+        """Put the message back at the head, its count as it was (4.3+'s ``basic.nack``).
+
+        Raises:
+            SettleError: the delivery was already settled.
+        """
+        self._requeue(self._settle(delivery), counted=False)
+
+    def _requeue(self, message: QueuedMessage, *, counted: bool) -> None:
         message.redelivered = True
-        if count_attempt:
+        if counted:
             message.delivery_count += 1
         limit = self._queue_delivery_limit
         if limit is not None and message.delivery_count > limit:

@@ -1,0 +1,175 @@
+"""One RabbitMQ delivery: its delivery count, its reports and its settle.
+
+RabbitMQ behaviours it follows (checked on 3.10 and documented for 4.x):
+
+- ``x-delivery-count`` is set on quorum queues only: absent (or 0) on a first delivery, then
+  1, 2... after each requeue, a dead consumer or a consumer timeout. A classic queue only sets
+  ``redelivered``: its deliveries have no count (``delivery_count`` ``None``).
+- A failed attempt is settled with ``basic.reject(requeue=True)`` (:meth:`retry`), a give-back
+  with ``basic.nack(requeue=True)`` (:meth:`give_back`): from RabbitMQ 4.3 only the first counts
+  towards the delivery limit (before 4.3 both do). Settles are sent together at the end of the
+  event loop's turn, and acks of consecutive delivery tags as one ``basic.ack(multiple=True)``
+  (``acks``).
+- A delivery whose channel closed was requeued by the broker: it is neither reported on nor
+  settled again (its delivery tag belonged to the dead channel).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from collections.abc import Callable, Mapping
+from decimal import Decimal
+from typing import Any
+
+from async_task_api_worker.errors import EnvelopeDecodeError, PublishError, SettleError
+from async_task_api_worker.ports import Delivery
+from async_task_api_worker.protocol.envelope import DELIVERY_COUNT_HEADER, Envelope
+from async_task_api_worker.protocol.reports import EncodedReport
+from async_task_api_worker.transports.rabbitmq._errors import settle_errors
+from async_task_api_worker.transports.rabbitmq.acks import ChannelSettles, Settle
+from async_task_api_worker.transports.rabbitmq.reports import ReportPublisher, ReportTrail
+
+__all__ = ["RabbitDelivery", "delivery_count_of"]
+
+_DIGITS = re.compile(r"[0-9]{1,9}")
+
+
+def delivery_count_of(headers: Mapping[str, Any], redelivered: bool) -> int | None:
+    """The broker's delivery count from the headers, or ``None`` when it is unknown.
+
+    ``x-delivery-count`` may arrive as any AMQP integer type (or a decimal); its absence means
+    "unknown" on a redelivery (a classic queue). A first delivery (``redelivered`` false)
+    counts 0 whatever its headers say: RabbitMQ 3.10 passes a producer's own
+    ``x-delivery-count`` through on a first delivery. A value that is not a plausible count (a
+    forged header) counts as unknown; this function never raises.
+    """
+    if not redelivered:
+        return 0
+    value = headers.get(DELIVERY_COUNT_HEADER)
+    count: int | None = None
+    if isinstance(value, int) and not isinstance(value, bool):
+        count = value
+    elif isinstance(value, Decimal | float):
+        with contextlib.suppress(ValueError, OverflowError, ArithmeticError):
+            if value == int(value):
+                count = int(value)
+    elif isinstance(value, bytes | str):
+        text = value.decode("ascii", "replace") if isinstance(value, bytes) else value
+        if _DIGITS.fullmatch(text.strip()):
+            count = int(text)
+    if count is not None:
+        return min(max(0, count), 1_000_000_000)
+    return None
+
+
+class RabbitDelivery(Delivery):
+    """A delivery of the input queue: reports go through the ``ReportPublisher``.
+
+    It is settled on the channel it came on.
+
+    Args:
+        envelope: the body as decoded (``protocol.envelope.read_envelope``).
+        headers: the AMQP headers.
+        delivery_count: the broker's count, or ``None`` (a classic queue, or unknown).
+        redelivered: AMQP ``redelivered``.
+        tag: the delivery tag on ``settles``' channel.
+        settles: the channel's settles; ``None`` for a delivery that settles nothing
+            (``RabbitMQTransport.report_only``).
+        reports: the transport's report publisher.
+        done: called once with the delivery at its first settle (the transport forgets it).
+
+    Attributes:
+        lost: its channel closed: the broker requeued it (set by the transport).
+    """
+
+    __slots__ = ("_done", "_reports", "_settled", "_settles", "lost", "tag", "trail")
+
+    def __init__(
+        self,
+        envelope: Envelope | EnvelopeDecodeError,
+        *,
+        headers: Mapping[str, Any],
+        delivery_count: int | None,
+        redelivered: bool,
+        tag: int,
+        settles: ChannelSettles | None,
+        reports: ReportPublisher,
+        done: Callable[[RabbitDelivery], object],
+    ) -> None:
+        super().__init__(
+            envelope, headers=headers, delivery_count=delivery_count, redelivered=redelivered
+        )
+        self.tag = tag
+        self.trail = ReportTrail()
+        self.lost = False
+        self._settles = settles
+        self._reports = reports
+        self._done = done
+        self._settled = False
+
+    async def report(
+        self, report: EncodedReport, *, placed: Callable[[], None] | None = None
+    ) -> None:
+        """Publish ``report`` to the output queue and wait for its confirm, in this task.
+
+        See :meth:`ReportPublisher.send`: reports reach the broker in the order of their calls
+        (``placed`` says when this one holds its place), and the caller (the engine's hold)
+        bounds the wait.
+
+        Raises:
+            MessageTooLargeError: the broker refused the report for its size.
+            PublishError: the broker did not confirm it (nack, return, lost channel), or the
+                delivery's channel closed (the broker requeued it).
+        """
+        if self.lost:
+            # Its channel closed: the broker requeued it, and the next attempt will report.
+            raise PublishError(f"the {report.type} report is for a delivery the broker requeued")
+        await self._reports.send(report, self.trail, placed)
+
+    async def ack(self) -> None:
+        """``basic.ack``: the delivery is done.
+
+        Raises:
+            SettleError: the channel closed (the broker requeued it), or the ack failed.
+        """
+        await self._settle(Settle.ACK)
+
+    async def retry(self) -> None:
+        """``basic.reject(requeue=True)``: another attempt, counted.
+
+        Raises:
+            SettleError: the channel closed (the broker requeued it), or the call failed.
+        """
+        await self._settle(Settle.REJECT_REQUEUE)
+
+    async def give_back(self) -> None:
+        """``basic.nack(requeue=True)``: back without counting an attempt (RabbitMQ 4.3+).
+
+        Raises:
+            SettleError: the channel closed (the broker requeued it), or the call failed.
+        """
+        await self._settle(Settle.NACK_REQUEUE)
+
+    async def reject(self) -> None:
+        """``basic.reject(requeue=False)``: dead-lettered where the queue has a DLX.
+
+        Raises:
+            SettleError: the channel closed (the broker requeued it), or the reject failed.
+        """
+        await self._settle(Settle.REJECT)
+
+    async def _settle(self, settle: Settle) -> None:
+        """Settle at once (``acks``: sent at the end of this turn, even if the caller is cut)."""
+        self._done(self)
+        what = settle.method
+        if self.lost:
+            raise SettleError(
+                f"the delivery's channel closed before the {what}; the broker requeued it"
+            )
+        if self._settled or self._settles is None:
+            # A second settle of a tag would close the channel (PRECONDITION_FAILED).
+            raise SettleError(f"the delivery was settled already; the {what} is not sent")
+        self._settled = True
+        with settle_errors(f"the {what}"):
+            await self._settles.settle(self.tag, settle)
