@@ -303,7 +303,8 @@ async def run_tick(
     report = TickReport()
     connect_s = max(1.0, min(10.0, budget_s / 3))
     try:
-        await asyncio.wait_for(transport.connect(), timeout=connect_s)
+        async with asyncio.timeout(connect_s):
+            await transport.connect()
     except TimeoutError:
         raise BrokerUnavailableError(
             f"the broker did not answer within {connect_s:g} s (a third of the budget, 10 s "
@@ -323,7 +324,8 @@ async def run_tick(
         await transport.stop_consuming()
     finally:
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(transport.close(), timeout=CLOSE_TIMEOUT_S)
+            async with asyncio.timeout(CLOSE_TIMEOUT_S):
+                await transport.close()
     for problem in report.problems:
         _logger.error("The tick did not report or settle everything: %s", problem)
     return report
@@ -362,6 +364,7 @@ async def _sweep(
 
 async def _next(deliveries: AsyncIterator[Delivery], wait_s: float) -> Delivery | None:
     try:
-        return await asyncio.wait_for(anext(deliveries), timeout=wait_s)
+        async with asyncio.timeout(wait_s):  # in this task: no task of its own per delivery
+            return await anext(deliveries)
     except (TimeoutError, StopAsyncIteration):
         return None
