@@ -34,7 +34,7 @@ from async_task_api_worker.engine.cancels import CancelBook, Cancels
 from async_task_api_worker.engine.execution import StopSignal, confirming, execute
 from async_task_api_worker.engine.progress import ProgressThrottle
 from async_task_api_worker.engine.reporting import DeliveryReporter
-from async_task_api_worker.engine.retries import requeue_for_retry, retry_backoff_s
+from async_task_api_worker.engine.retries import retry_backoff_s, wait_before_retry
 from async_task_api_worker.engine.settlement import Settler, conclude
 from async_task_api_worker.engine.verdict import (
     Ending,
@@ -304,10 +304,8 @@ class Engine:
             run.begin_started()
         try:
             ending = await self._call(run, task, stop, cancel)
-            if (
-                cancel is not None
-                and retries(ending, self._attempt(run))
-                and await self._back_off(run, ending, stop, cancel)
+            if retries(ending, self._attempt(run)) and await self._back_off(
+                run, ending, stop, cancel
             ):  # cancelled during the backoff: it concludes, with no next attempt
                 ending = Stopped(Outcome.CANCELLED_BY_CLIENT)
             verdict = await conclude(run, ending)
@@ -359,14 +357,14 @@ class Engine:
         return result
 
     async def _back_off(
-        self, run: DeliveryReporter, failure: Failure, stop: StopSignal, cancel: CancelToken
+        self, run: DeliveryReporter, failure: Failure, stop: StopSignal, cancel: CancelToken | None
     ) -> bool:
         """Wait before a retry; whether the task's client cancelled it meanwhile."""
         delay_s = retry_backoff_s(
             run.attempt, failure.retry_delay_s, self._settings, self._jitter()
         )
-        await requeue_for_retry(run, delay_s, stop, cancel=cancel, service=self._service)
-        return cancel.cancelled
+        await wait_before_retry(run, delay_s, stop, cancel=cancel, service=self._service)
+        return cancel is not None and cancel.cancelled
 
     @staticmethod
     def _attempt(run: DeliveryReporter) -> Attempt:

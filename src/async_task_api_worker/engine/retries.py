@@ -2,7 +2,8 @@
 
 The rule (docs/protocol.md, "Attempts and the delivery limit"): a ``RetryableError`` on an
 attempt below the delivery limit publishes no terminal report; the delivery is requeued after
-a backoff, and the requeue counts as a failed attempt.
+a backoff, and the requeue counts as a failed attempt. The rule itself is
+``engine.verdict.retries``; this module holds the wait.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from async_task_api_worker.engine.waits import until
 from async_task_api_worker.ports import CancelToken
 from async_task_api_worker.settings import WorkerSettings
 
-__all__ = ["requeue_for_retry", "retry_backoff_s"]
+__all__ = ["wait_before_retry", "retry_backoff_s"]
 
 _logger = logging.getLogger("async_task_api_worker.engine")
 
@@ -37,7 +38,7 @@ def retry_backoff_s(
     return min(delay_s, settings.worker_retry_backoff_max_s)
 
 
-async def requeue_for_retry(
+async def wait_before_retry(
     run: DeliveryReporter,
     delay_s: float,
     stop: StopSignal,
