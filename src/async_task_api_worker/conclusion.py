@@ -75,7 +75,13 @@ class HandedOff:
 
     Its terminal report follows later, from whoever collects that worker's result (the
     ``tick`` command's sweep); the delivery is acked now, its hand-off being durable.
+
+    Attributes:
+        already: the task had been handed off before (a redelivery): nothing was handed off
+            now, and no ``started`` was published for it.
     """
+
+    already: bool = False
 
 
 #: What an executor's ``execute`` returns: a conclusion, or a durable hand-off.

@@ -258,6 +258,10 @@ class ExecutionRequest:
         task_id: the task's id, for the executor's own logs.
         output_model: the task's output model, which concludes a returned value
             (``task_call.conclude_value``).
+        started: for an executor whose work outlives the delivery (``hands_off = True``): it
+            publishes ``started`` and returns once it is confirmed; the executor hands the
+            work off only after it (it raises when ``started`` gave up: let that through).
+            ``None`` for any other executor (the engine holds ``started`` beside the call).
     """
 
     handler: Callable[..., Any]
@@ -267,6 +271,7 @@ class ExecutionRequest:
     timeout_s: float
     task_id: str
     output_model: type[BaseModel]
+    started: Callable[[], Awaitable[None]] | None = None
 
 
 class Executor(Protocol):
@@ -288,7 +293,9 @@ class Executor(Protocol):
 
         Returns:
             The call's conclusion; or ``HandedOff`` from an executor whose workers outlive the
-            delivery (the ``tick`` command's detached executor).
+            delivery (the ``tick`` command's detached executor, whose ``hands_off`` attribute
+            is true: it awaits ``request.started`` first, and concludes a task it handed off
+            before with ``HandedOff(already=True)``).
         """
         ...
 

@@ -7,17 +7,19 @@ executor (docs/architecture.md, "The tick"):
 1. connect (at most a third of the budget, and 10 s);
 2. **sweep first, always**: every finished result is reported as its task's terminal report,
    every marker past its deadline as a ``WORKER_DIED`` or ``TASK_TIMEOUT`` failure, through the
-   engine's reporting (``Engine.report_result``), with a decision line each;
+   engine's reporting and settlement (``Engine.report_swept``), with a decision line each;
 3. take up to ``max_new`` deliveries through ``Engine.handle``: the same admission, ``started``
-   report and settlement as ``run``; the executor writes the marker and spawns the detached
-   worker, and the delivery is acked only then (the marker is the durable receipt,
-   ``outcome=detached``);
+   report and settlement as ``run``; the executor (:class:`DetachedExecutor`) waits for
+   ``started``'s confirm, writes the marker and spawns the detached worker, and the delivery is
+   acked only then (the marker is the durable receipt, ``outcome=detached``); a task it handed
+   out before it concludes at once (``reason=already_handed_out``);
 4. stop taking work once less than ``margin_s`` of the budget is left, give back what the broker
    pushed meanwhile, close (at most 5 s).
 
 A report that cannot get out is held for a short while only (:func:`hold_for`): the tick's
-budget is short. A tick that could not report or settle something says so on one line and
-ends with :attr:`TickReport.ok` false (the command exits 1).
+budget is short, so its engine's settings say that a delivery times out then. A tick that
+could not report or settle something says so on one line and ends with :attr:`TickReport.ok`
+false (the command exits 1).
 """
 
 from __future__ import annotations
@@ -47,7 +49,9 @@ from async_task_api_worker.detached.state import (
     RESULT_SUFFIX,
 )
 from async_task_api_worker.detached.sweep import SweepReport, Undeliverable, sweep
+from async_task_api_worker.engine.decision import Reason
 from async_task_api_worker.engine.engine import Engine
+from async_task_api_worker.engine.verdict import Swept
 from async_task_api_worker.errors import BrokerUnavailableError
 from async_task_api_worker.ports import Delivery, ExecutionRequest, Observer, Outcome, Settlement
 from async_task_api_worker.protocol.codes import ErrorCode
@@ -124,15 +128,21 @@ class TickReport:
 class DetachedExecutor:
     """Hands each task to a detached worker (seed 002): the tick's executor.
 
-    ``execute`` writes the task's input and in-flight marker in ``state_dir`` and starts a
+    ``execute`` waits for ``started``'s confirm (``request.started``: a hand-off outlives its
+    delivery), writes the task's input and in-flight marker in ``state_dir`` and starts a
     detached worker running ``target``'s task through the task call, then returns
     :class:`~async_task_api_worker.conclusion.HandedOff`: the worker's result is reported by a
-    later sweep. The marker's ``meta`` holds the task's fields, for that report.
+    later sweep. The marker's ``meta`` holds the task's fields, for that report. A task handed
+    out before (:meth:`handed_out`) is concluded as ``HandedOff(already=True)``, with no
+    ``started`` and no second run.
 
     Args:
         state_dir: the state directory.
         target: ``module:worker`` of the worker (the detached worker loads it again).
     """
+
+    #: Its work outlives the delivery: the engine leaves ``started`` to it (``ports.Executor``).
+    hands_off: Final = True
 
     def __init__(self, state_dir: Path, target: str) -> None:
         self._state_dir = state_dir
@@ -149,8 +159,13 @@ class DetachedExecutor:
 
         Raises:
             OSError: the state files could not be written (nothing was started).
+            Exception: whatever ``request.started`` raised (it gave up: nothing was started).
         """
         fields = fields_of(request.context)
+        if self.handed_out(fields.task_id):
+            return HandedOff(already=True)
+        if request.started is not None:
+            await request.started()
         work = {"input": dict(request.raw_input), "context": fields.to_json()}
         await asyncio.to_thread(
             spawn_detached,
@@ -213,7 +228,7 @@ async def _report_swept(
     service: str,
     correlation_id: str,
     result: dict[str, Any],
-    reason: str,
+    reason: Reason,
     *,
     via: Delivery,
 ) -> Settlement:
@@ -226,14 +241,13 @@ async def _report_swept(
         limit = None if meta.get("delivery_limit") is None else int(meta["delivery_limit"])
     except (TypeError, ValueError) as exc:
         raise Undeliverable(f"meta that cannot be read ({type(exc).__name__})") from exc
-    return await engine.report_result(
-        _conclusion_of(result),
+    return await engine.report_swept(
+        Swept(_conclusion_of(result), reason),
         via=via,
         task_id=str(meta["task_id"]),
         client_id=None if client_id is None else str(client_id),
         attempt=attempt,
         delivery_limit=limit,
-        reason=reason,
     )
 
 
@@ -286,19 +300,20 @@ async def run_tick(
     )
     executor = DetachedExecutor(state_dir, target)
     hold_s = hold_for(keep_free_s)
-    engine = Engine(
-        worker,
-        settings,
-        transport,
-        executor,
-        observers=observers,
-        max_hold_s=hold_s,
-        handed_out=executor.handed_out,
+    # The tick's engine holds a report only as long as the tick may: as if the broker timed
+    # its delivery out then (``WorkerSettings.delivery_hold_s``).
+    held = settings.model_copy(
+        update={
+            "worker_consumer_timeout_s": min(hold_s, settings.delivery_hold_s())
+            + settings.worker_consumer_timeout_check_interval_s
+        }
     )
+    engine = Engine(worker, held, transport, executor, observers=observers)
     report = TickReport()
     connect_s = max(1.0, min(10.0, budget_s / 3))
     try:
-        await asyncio.wait_for(transport.connect(), timeout=connect_s)
+        async with asyncio.timeout(connect_s):
+            await transport.connect()
     except TimeoutError:
         raise BrokerUnavailableError(
             f"the broker did not answer within {connect_s:g} s (a third of the budget, 10 s "
@@ -321,7 +336,8 @@ async def run_tick(
             await engine.give_back(never_started, NEVER_STARTED)
     finally:
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(transport.close(), timeout=CLOSE_TIMEOUT_S)
+            async with asyncio.timeout(CLOSE_TIMEOUT_S):
+                await transport.close()
     for problem in report.problems:
         _logger.error("The tick did not report or settle everything: %s", problem)
     return report
@@ -346,7 +362,7 @@ async def _sweep(
 
     def send(correlation_id: str, result: dict[str, Any]) -> None:
         expired = bool(result.get("expired"))
-        reason = "swept_expiry" if expired else "swept_result"
+        reason = Reason.SWEPT_EXPIRY if expired else Reason.SWEPT_RESULT
         future = asyncio.run_coroutine_threadsafe(
             _report_swept(engine, service, correlation_id, result, reason, via=via), loop
         )
@@ -369,6 +385,7 @@ async def _sweep(
 
 async def _next(deliveries: AsyncIterator[Delivery], wait_s: float) -> Delivery | None:
     try:
-        return await asyncio.wait_for(anext(deliveries), timeout=wait_s)
+        async with asyncio.timeout(wait_s):  # in this task: no task of its own per delivery
+            return await anext(deliveries)
     except (TimeoutError, StopAsyncIteration):
         return None

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import replace
 from datetime import UTC, datetime
 
-from async_task_api_worker.conclusion import Conclusion, Failure, HandedOff
+from async_task_api_worker.conclusion import Failure
 from async_task_api_worker.definition import Worker
 from async_task_api_worker.engine.admission import (
     UNKNOWN_COUNT_LIMIT,
@@ -31,18 +31,20 @@ from async_task_api_worker.engine.admission import (
     attempt_of,
 )
 from async_task_api_worker.engine.cancels import CancelBook, Cancels
-from async_task_api_worker.engine.execution import Stopped, StopSignal, execute
-from async_task_api_worker.engine.hold import GiveUp
+from async_task_api_worker.engine.execution import StopSignal, confirming, execute
 from async_task_api_worker.engine.progress import ProgressThrottle
 from async_task_api_worker.engine.reporting import DeliveryReporter
-from async_task_api_worker.engine.retries import requeue_for_retry, retry_backoff_s
-from async_task_api_worker.engine.settlement import (
-    Settler,
+from async_task_api_worker.engine.retries import retry_backoff_s, wait_before_retry
+from async_task_api_worker.engine.settlement import Settler, conclude
+from async_task_api_worker.engine.verdict import (
+    Ending,
+    EngineFailed,
+    GivenBack,
+    Stopped,
+    Swept,
     Verdict,
-    give_back_unreported,
-    report_cancelled,
-    report_conclusion,
-    report_refusal,
+    decide,
+    retries,
 )
 from async_task_api_worker.observability import tracing
 from async_task_api_worker.observability.redaction import exception_type_name, safe_traceback
@@ -69,6 +71,9 @@ __all__ = ["UNKNOWN_COUNT_LIMIT", "Engine", "StopSignal", "retry_backoff_s"]
 _logger = logging.getLogger("async_task_api_worker.engine")
 
 _RECEIVED = DeliveryReceived()
+#: A delivery whose caller was cancelled goes back uncounted; one the engine failed, counted.
+_CALLER_CANCELLED = decide(GivenBack(Outcome.CANCELLED), Attempt(1, 1, count_known=True))
+_ENGINE_FAILED = decide(EngineFailed(), Attempt(1, 1, count_known=True))
 
 
 class Engine:
@@ -83,11 +88,6 @@ class Engine:
         monotonic: monotonic clock, in seconds (durations, the progress throttle).
         wall_clock: the current UTC time (report timestamps).
         jitter: returns a factor in [0.5, 1] applied to each exponential retry backoff.
-        max_hold_s: the longest a report may hold its delivery, in seconds; default: until the
-            broker could time the delivery out (``delivery_hold_s``). A face with a budget (the
-            ``tick`` command) holds for less.
-        handed_out: the ``tick`` command's: whether a task id was handed out already (its
-            redelivery is acked, ``outcome=detached reason=already_handed_out``).
 
     Raises:
         NoTaskError: the worker has no task.
@@ -104,8 +104,6 @@ class Engine:
         monotonic: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         jitter: Callable[[], float] = lambda: random.uniform(0.5, 1.0),  # noqa: S311 - not crypto
-        max_hold_s: float | None = None,
-        handed_out: Callable[[str], bool] | None = None,
     ) -> None:
         self._task = worker.task_definition
         self._service = worker.name
@@ -117,10 +115,11 @@ class Engine:
         self._wall_clock = wall_clock
         self._jitter = jitter
         self._timeout_s = settings.task_timeout_s(self._task.timeout_s)
+        # A report that cannot get out holds its delivery until the broker could time it out.
         self._hold_s = settings.delivery_hold_s()
-        if max_hold_s is not None:
-            self._hold_s = min(self._hold_s, max_hold_s)
-        self._handed_out = handed_out
+        # An executor whose work outlives the delivery (``hands_off``) publishes ``started``
+        # itself, confirmed, before it hands the work off (``ExecutionRequest.started``).
+        self._hands_off = bool(getattr(executor, "hands_off", False))
         self._cancels = Cancels(
             CancelBook(settings.worker_cancel_memory, settings.worker_cancel_memory_s, monotonic),
             self._service,
@@ -142,6 +141,9 @@ class Engine:
     async def handle(self, delivery: Delivery, stop: StopSignal | None = None) -> Settlement:
         """Process and settle one delivery; never raises except ``asyncio.CancelledError``.
 
+        Admission, ``started``, the call, the terminal report and the settle run in this one
+        scope, and the delivery is settled exactly once on the way out, whatever happened.
+
         Args:
             delivery: the delivery, as the transport handed it out.
             stop: the shutdown signal; ``None`` for one that never fires.
@@ -160,12 +162,9 @@ class Engine:
         # The delivery's span is current from here to its settle: the handler's spans, the
         # reports' and the settle's are its children, and the task's log lines carry its ids.
         with tracing.processing(self._transport, delivery) as span:
+            verdict = _CALLER_CANCELLED  # what stands when the caller's cancel cuts through
             try:
                 verdict = await self._process(run, stop)
-            except asyncio.CancelledError:
-                given_back = Verdict(Outcome.CANCELLED, Action.NACK_REQUEUE)
-                span.ended(await self._settler.settle(run, given_back, arrived_at))
-                raise
             except Exception as exc:
                 _logger.error(
                     "Engine error while processing a delivery (%s); requeued\n%s",
@@ -173,10 +172,11 @@ class Engine:
                     safe_traceback(exc),
                     extra={"task_id": run.task_id},
                 )
-                verdict = Verdict(Outcome.ENGINE_ERROR, Action.NACK_REQUEUE, counted=True)
-            span.task(run.task_id, run.client_id)
-            settlement = await self._settler.settle(run, verdict, arrived_at)
-            span.ended(settlement)
+                verdict = _ENGINE_FAILED
+            finally:
+                span.task(run.task_id, run.client_id)
+                settlement = await self._settler.settle(run, verdict, arrived_at)
+                span.ended(settlement)
             return settlement
 
     async def give_back(self, delivery: Delivery, reason: str) -> Settlement:
@@ -191,28 +191,27 @@ class Engine:
         self._notify(_RECEIVED)
         run = self.reporter_for(delivery, arrived_at)
         self.admit(run)  # its task id, for the line, when the body has one
-        verdict = Verdict(Outcome.SHUTDOWN_REQUEUED, Action.NACK_REQUEUE, reason=reason)
-        return await self._settler.settle(run, verdict, arrived_at)
+        ending = GivenBack(Outcome.SHUTDOWN_REQUEUED, reason)
+        return await self._settler.settle(run, await conclude(run, ending), arrived_at)
 
-    async def report_result(
+    async def report_swept(
         self,
-        conclusion: Conclusion,
+        swept: Swept,
         *,
         via: Delivery,
         task_id: str,
         client_id: str | None,
         attempt: int,
         delivery_limit: int | None,
-        reason: str,
     ) -> Settlement:
         """Report the conclusion of a task whose delivery was settled already, and log it.
 
         The ``tick`` command's sweep reports each result and expiry here: the terminal report
-        goes out held as for a delivery, then the decision line (``action=none``, ``reason``:
-        ``swept_result``, ``swept_expiry``) and the metrics. ``client_id`` is ``None`` and
-        ``delivery_limit`` is ``None`` (the queue's own) when the task's marker was lost.
-        ``via`` is the transport's delivery that reports and settles nothing
-        (``RabbitMQTransport.report_only``).
+        goes out held as for a delivery, then the decision line (``action=none``, the swept
+        ``reason``) and the metrics. ``client_id`` is ``None`` and ``delivery_limit`` is
+        ``None`` (the queue's own) when the task's marker was lost. ``via`` is the
+        transport's delivery that reports and settles nothing
+        (``RabbitMQTransport.report_only``): its delivery was acked at hand-off.
 
         Returns:
             ``success`` or ``failure`` once the report is confirmed, else ``publish_failed``.
@@ -225,10 +224,7 @@ class Engine:
         if delivery_limit is not None:
             run.limit = delivery_limit
         run.seq = 1  # after the ``started`` report of the hand-off
-        verdict = await report_conclusion(run, conclusion)
-        return await self._settler.settle(
-            run, replace(verdict, action=Action.NONE, reason=reason), arrived_at
-        )
+        return await self._settler.settle(run, await conclude(run, swept), arrived_at)
 
     def reporter_for(
         self, delivery: Delivery, arrived_at: float, stop: StopSignal | None = None
@@ -274,44 +270,47 @@ class Engine:
     async def _process(self, run: DeliveryReporter, stop: StopSignal) -> Verdict:
         admission = self.admit(run)
         if isinstance(admission, Refused):
-            return await report_refusal(run, admission)
-        if self._handed_out is not None:  # the tick: no cancel reaches it (docs/detached.md)
-            if self._handed_out(admission.fields.task_id):
-                return Verdict(Outcome.DETACHED, Action.ACK, reason="already_handed_out")
-            # A hand-off outlives the delivery, so it may start only once ``started`` is in.
-            if not await run.publish_started():
-                return give_back_unreported(run)
-            return await self._start_task(run, admission, stop, None)
+            run.task_id, run.client_id = admission.task_id, admission.client_id
+            return await conclude(run, admission)
+        if self._hands_off:  # its work outlives the delivery: no cancel reaches it
+            return await self._run_task(run, admission, stop, None)
         task_id = admission.fields.task_id
         cancel = self._cancels.book.start(task_id)
         verdict: Verdict | None = None
         try:
             if cancel.cancelled:  # its cancel came first: it concludes without running
-                verdict = await report_cancelled(run)
+                verdict = await conclude(run, Stopped(Outcome.CANCELLED_BY_CLIENT))
             else:
-                # Confirmed while the handler runs: one confirm round trip per task, not two.
-                run.begin_started()
-                verdict = await self._start_task(run, admission, stop, cancel)
+                verdict = await self._run_task(run, admission, stop, cancel)
             return verdict
         finally:
             concluded = verdict is not None and verdict.action in (Action.ACK, Action.CONCLUDE)
             self._cancels.book.finish(task_id, cancel, concluded=concluded)
 
-    async def _start_task(
+    async def _run_task(
         self, run: DeliveryReporter, task: Admitted, stop: StopSignal, cancel: CancelToken | None
     ) -> Verdict:
+        """Run the task and publish its terminal report, ``started`` held beside both."""
         self._notify(TaskStarted(task.fields.task_id))
+        if not self._hands_off:
+            # Confirmed while the handler runs: one confirm round trip per task, not two.
+            run.begin_started()
         try:
-            verdict = await self._run_task(run, task, stop, cancel)
+            ending = await self._call(run, task, stop, cancel)
+            if retries(ending, self._attempt(run)) and await self._back_off(
+                run, ending, stop, cancel
+            ):  # cancelled during the backoff: it concludes, with no next attempt
+                ending = Stopped(Outcome.CANCELLED_BY_CLIENT)
+            verdict = await conclude(run, ending)
         finally:
             run.end_started()  # no terminal report took it over: it is not waited for
         if run.started_error is not None:
             raise run.started_error  # refused for its content: the engine's error, not the task's
         return replace(verdict, handler_ran=True)
 
-    async def _run_task(
+    async def _call(
         self, run: DeliveryReporter, task: Admitted, stop: StopSignal, cancel: CancelToken | None
-    ) -> Verdict:
+    ) -> Ending:
         throttle = ProgressThrottle(
             interval_s=self._settings.worker_progress_min_interval_s,
             publish=run.publish_progress,
@@ -328,6 +327,7 @@ class Engine:
             timeout_s=self._timeout_s,
             task_id=task.fields.task_id,
             output_model=self._task.output_model,
+            started=confirming(run.publish_started) if self._hands_off else None,
         )
         try:
             result = await execute(
@@ -347,37 +347,21 @@ class Engine:
             raise
         # A held progress update goes out before the terminal report; none after it.
         await throttle.close(flush=not isinstance(result, Stopped))
-        if isinstance(result, Stopped):
-            if result.outcome is Outcome.CANCELLED:
-                return Verdict(Outcome.CANCELLED, Action.NONE)
-            if result.outcome is Outcome.PUBLISH_FAILED:
-                return give_back_unreported(run)  # ``started`` could not get out
-            if result.outcome is Outcome.CANCELLED_BY_CLIENT:
-                return await report_cancelled(run)
-            return Verdict(
-                Outcome.SHUTDOWN_REQUEUED, Action.NACK_REQUEUE, reason=GiveUp.ABORTED.value
-            )
-        if isinstance(result, HandedOff):
-            return Verdict(Outcome.DETACHED, Action.ACK)  # the hand-off is the durable receipt
-        return await self._conclude(run, result, stop, cancel)
+        return result
 
-    async def _conclude(
-        self,
-        run: DeliveryReporter,
-        conclusion: Conclusion,
-        stop: StopSignal,
-        cancel: CancelToken | None,
-    ) -> Verdict:
-        if isinstance(conclusion, Failure) and conclusion.retryable and run.attempt < run.limit:
-            delay_s = retry_backoff_s(
-                run.attempt, conclusion.retry_delay_s, self._settings, self._jitter()
-            )
-            verdict = await requeue_for_retry(
-                run, conclusion, delay_s, stop, cancel=cancel, service=self._service
-            )
-            # A cancel during the backoff concludes the task here, with no next attempt.
-            return await report_cancelled(run) if cancel and cancel.cancelled else verdict
-        return await report_conclusion(run, conclusion)
+    async def _back_off(
+        self, run: DeliveryReporter, failure: Failure, stop: StopSignal, cancel: CancelToken | None
+    ) -> bool:
+        """Wait before a retry; whether the task's client cancelled it meanwhile."""
+        delay_s = retry_backoff_s(
+            run.attempt, failure.retry_delay_s, self._settings, self._jitter()
+        )
+        await wait_before_retry(run, delay_s, stop, cancel=cancel, service=self._service)
+        return cancel is not None and cancel.cancelled
+
+    @staticmethod
+    def _attempt(run: DeliveryReporter) -> Attempt:
+        return Attempt(run.attempt, run.limit, run.count_known)
 
     def _notify(self, event: EngineEvent) -> None:
         for observer in self._observers:

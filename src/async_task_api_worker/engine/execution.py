@@ -2,16 +2,36 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from async_task_api_worker.conclusion import ExecutionResult
 from async_task_api_worker.context import bind_task_fields
+from async_task_api_worker.engine.verdict import Stopped
 from async_task_api_worker.engine.waits import CutShort, until_cut
 from async_task_api_worker.ports import CancelToken, ExecutionRequest, Executor, Outcome
 
-__all__ = ["StopSignal", "Stopped", "execute"]
+__all__ = ["StartedNotConfirmed", "StopSignal", "Stopped", "confirming", "execute"]
+
+
+class StartedNotConfirmed(Exception):
+    """``ExecutionRequest.started`` gave up: the executor hands nothing off (``publish_failed``)."""
+
+
+def confirming(publish: Callable[[], Awaitable[bool]]) -> Callable[[], Awaitable[None]]:
+    """``ExecutionRequest.started`` for an executor whose work outlives the delivery.
+
+    It publishes ``started`` through ``publish`` and returns once the broker confirmed it.
+
+    Raises:
+        StartedNotConfirmed: it gave up (the report's own ``gave_up`` says why).
+    """
+
+    async def started() -> None:
+        if not await publish():
+            raise StartedNotConfirmed
+
+    return started
 
 
 class StopSignal:
@@ -27,17 +47,6 @@ class StopSignal:
     def __init__(self) -> None:
         self.draining = CancelToken()
         self.aborted = CancelToken()
-
-
-@dataclass(frozen=True, slots=True)
-class Stopped:
-    """How the handler was stopped from outside.
-
-    ``shutdown_requeued``, ``cancelled``, ``publish_failed`` (``started`` could not get out), or
-    ``cancelled_by_client``.
-    """
-
-    outcome: Outcome
 
 
 async def execute(
@@ -73,7 +82,10 @@ async def execute(
     # In this task, not one of its own: the handler's log records carry the task fields, and a
     # stop cancels the executor's await here (``engine.waits``).
     with bind_task_fields(task_fields):
-        result = await until_cut(executor.execute(request), None, *stoppers)
+        try:
+            result = await until_cut(executor.execute(request), None, *stoppers)
+        except StartedNotConfirmed:
+            return Stopped(Outcome.PUBLISH_FAILED)
     if isinstance(result, CutShort):
         return Stopped(stoppers[result.by])
     return result

@@ -3,12 +3,12 @@
 A report other than ``progress`` is tried again with a backoff from
 :data:`PUBLISH_RETRY_FIRST_S` to :data:`PUBLISH_RETRY_MAX_S`, until the broker could time the
 delivery out (``WORKER_CONSUMER_TIMEOUT_S``: ``settings.delivery_hold_s``) or a face's shorter
-hold; ``progress`` is best effort and never retried (``engine.reporting``).
+hold; ``progress`` is best effort and never retried (``engine.reporting``). Why a hold ended
+is a decision line's reason (``engine.decision.Reason``).
 """
 
 from __future__ import annotations
 
-from enum import StrEnum
 from typing import Final
 
 __all__ = [
@@ -17,7 +17,6 @@ __all__ = [
     "PROGRESS_CONFIRM_WAIT_S",
     "PUBLISH_RETRY_FIRST_S",
     "PUBLISH_RETRY_MAX_S",
-    "GiveUp",
 ]
 
 #: The first and the longest wait before publishing an unconfirmed report again, in seconds.
@@ -29,14 +28,3 @@ PROGRESS_CONFIRM_WAIT_S: Final = 30.0
 LAST_TRY_MARGIN_S: Final = 0.5
 #: While a report is held, its refusals are logged at most once per this many seconds.
 HOLD_LOG_EVERY_S: Final = 60.0
-
-
-class GiveUp(StrEnum):
-    """Why a report other than ``progress`` was not confirmed (the decision line's ``reason``)."""
-
-    #: Still unconfirmed when the broker could soon time out the delivery (``consumer_timeout``).
-    HOLD_EXPIRED = "report_held_until_consumer_timeout"
-    #: The transport withdrew the delivery (its channel closed; the broker requeued it).
-    WITHDRAWN = "delivery_withdrawn"
-    #: The grace period of a shutdown ran out while the report was held.
-    ABORTED = "grace_period_over"

@@ -20,13 +20,13 @@ from typing import Any
 
 from async_task_api_worker.context import ProgressDropReason, ProgressUpdate, task_log_extra
 from async_task_api_worker.engine import report_log
+from async_task_api_worker.engine.decision import Reason
 from async_task_api_worker.engine.hold import (
     HOLD_LOG_EVERY_S,
     LAST_TRY_MARGIN_S,
     PROGRESS_CONFIRM_WAIT_S,
     PUBLISH_RETRY_FIRST_S,
     PUBLISH_RETRY_MAX_S,
-    GiveUp,
 )
 from async_task_api_worker.engine.waits import until
 from async_task_api_worker.errors import PublishError, ReportEncodeError, ReportRefusedError
@@ -94,7 +94,7 @@ class DeliveryReporter:
     task_id: str | None = None
     client_id: str | None = None
     seq: int = 0
-    gave_up: GiveUp | None = None
+    gave_up: Reason | None = None
     #: Cancelled when ``started`` gives up with no terminal report behind it (the handler stops).
     started_gave_up: CancelToken = field(default_factory=CancelToken)
     #: Why the broker refused that ``started`` for its content, if it did (an engine error).
@@ -163,7 +163,7 @@ class DeliveryReporter:
             report = FailureReport.model_construct(**self._fields(), error=error)
             return await self._deliver(self._encode(report))
         except ReportEncodeError:  # only a broker whose size limit is below a small report
-            self.gave_up = GiveUp.HOLD_EXPIRED
+            self.gave_up = Reason.HOLD_EXPIRED
             return False
 
     async def publish_progress(self, update: ProgressUpdate) -> bool:
@@ -186,7 +186,7 @@ class DeliveryReporter:
             confirmed = await self._deliver(encoded)
         except ReportEncodeError as exc:  # refused for its content: the engine's error
             self.started_error = exc
-            self.gave_up = GiveUp.HOLD_EXPIRED
+            self.gave_up = Reason.HOLD_EXPIRED
             confirmed = False
         if not confirmed and not self._taken_over:
             self.started_gave_up.cancel("the started report gave up")
@@ -215,11 +215,11 @@ class DeliveryReporter:
         # Lost behind a terminal report (its channel closed): the next one carries it first.
         return not started.cancelled() and (started.result() or self._taken_over)
 
-    def _stopped(self) -> GiveUp | None:
+    def _stopped(self) -> Reason | None:
         if self.delivery.cancel_token.cancelled:
-            return GiveUp.WITHDRAWN
+            return Reason.WITHDRAWN
         if self.abort is not None and self.abort.cancelled:
-            return GiveUp.ABORTED
+            return Reason.ABORTED
         return None
 
     async def _try(self, encoded: EncodedReport, *, carries_started: bool) -> None:
@@ -308,7 +308,7 @@ class DeliveryReporter:
                 return False
             why = self._stopped()
             if why is None and self.monotonic() >= give_up_at:
-                why = GiveUp.HOLD_EXPIRED
+                why = Reason.HOLD_EXPIRED
             if why is not None:
                 if not progress:
                     self._give_up(kind, why)
@@ -365,9 +365,9 @@ class DeliveryReporter:
             self.notify(ReportPublished(kind))
             return True
 
-    def _give_up(self, kind: ReportType, why: GiveUp) -> None:
+    def _give_up(self, kind: ReportType, why: Reason) -> None:
         self.gave_up = why
-        report_log.gave_up(kind, why.value, why is GiveUp.WITHDRAWN, self._log_extra())
+        report_log.gave_up(kind, why.value, why is Reason.WITHDRAWN, self._log_extra())
 
     def _log_extra(self) -> dict[str, Any]:
         return task_log_extra({"task_id": self.task_id, "attempt": self.attempt})

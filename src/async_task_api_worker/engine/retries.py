@@ -2,7 +2,8 @@
 
 The rule (docs/protocol.md, "Attempts and the delivery limit"): a ``RetryableError`` on an
 attempt below the delivery limit publishes no terminal report; the delivery is requeued after
-a backoff, and the requeue counts as a failed attempt.
+a backoff, and the requeue counts as a failed attempt. The rule itself is
+``engine.verdict.retries``; this module holds the wait.
 """
 
 from __future__ import annotations
@@ -10,15 +11,13 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from async_task_api_worker.conclusion import Failure
 from async_task_api_worker.engine.execution import StopSignal
 from async_task_api_worker.engine.reporting import DeliveryReporter
-from async_task_api_worker.engine.settlement import Verdict
 from async_task_api_worker.engine.waits import until
-from async_task_api_worker.ports import Action, CancelToken, Outcome
+from async_task_api_worker.ports import CancelToken
 from async_task_api_worker.settings import WorkerSettings
 
-__all__ = ["requeue_for_retry", "retry_backoff_s"]
+__all__ = ["wait_before_retry", "retry_backoff_s"]
 
 _logger = logging.getLogger("async_task_api_worker.engine")
 
@@ -39,16 +38,15 @@ def retry_backoff_s(
     return min(delay_s, settings.worker_retry_backoff_max_s)
 
 
-async def requeue_for_retry(
+async def wait_before_retry(
     run: DeliveryReporter,
-    failure: Failure,
     delay_s: float,
     stop: StopSignal,
     *,
     cancel: CancelToken | None,
     service: str,
-) -> Verdict:
-    """Wait ``delay_s`` seconds, then requeue the delivery, counted.
+) -> None:
+    """Wait ``delay_s`` seconds before the delivery is requeued, counted (``engine.verdict``).
 
     A drain cuts the wait short, and so does the task's client's ``cancel`` (the caller then
     concludes the task instead of requeueing it).
@@ -61,4 +59,3 @@ async def requeue_for_retry(
         )
     if delay_s > 0:
         await until(asyncio.sleep(delay_s), delay_s, stop.draining, cancel)
-    return Verdict(Outcome.RETRY, Action.NACK_REQUEUE, code=failure.code, counted=True)

@@ -1,12 +1,10 @@
 """Settlement: a verdict becomes one broker call, one decision line and one set of metrics.
 
-Every face settles here: the engine (``run``, ``dev``, the harness) for each delivery, and the
-``tick`` command for each delivery it takes and each result or expiry its sweep reports. So a
-delivery writes exactly one decision line (``engine.decision``) and moves the same metrics
-(``DeliverySettled``, ``AckFailed``) whatever face ran it.
-
-The verdicts that come from reporting live here too: reporting a conclusion, a refusal or a
-failure, and giving a delivery back when its report could not get out.
+Every face settles here: the engine (``run``, ``dev``, the harness) for each delivery and each
+give-back, and the ``tick`` command for each delivery it takes and each result or expiry its
+sweep reports. So a delivery writes exactly one decision line (``engine.decision``) and moves
+the same metrics (``DeliverySettled``, ``AckFailed``) whatever face ran it. The verdict itself
+is decided in ``engine.verdict``; :func:`conclude` publishes the terminal report it owes.
 """
 
 from __future__ import annotations
@@ -14,14 +12,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
-from async_task_api_worker.conclusion import Conclusion, Failure
+from async_task_api_worker.conclusion import Failure
 from async_task_api_worker.context import task_log_extra
-from async_task_api_worker.engine.admission import Refused
-from async_task_api_worker.engine.decision import log_decision
-from async_task_api_worker.engine.hold import GiveUp
+from async_task_api_worker.engine.admission import Attempt
+from async_task_api_worker.engine.decision import Reason, log_decision
 from async_task_api_worker.engine.reporting import DeliveryReporter
+from async_task_api_worker.engine.verdict import Ending, Verdict, decide, terminal_report, withdrawn
 from async_task_api_worker.errors import ReportEncodeError, SettleError
 from async_task_api_worker.observability import tracing
 from async_task_api_worker.observability.redaction import exception_type_name
@@ -30,107 +28,35 @@ from async_task_api_worker.ports import (
     Action,
     DeliverySettled,
     EngineEvent,
-    Outcome,
     Settlement,
     Transport,
 )
-from async_task_api_worker.task_call import CANCELLED_BY_CLIENT, unreportable
+from async_task_api_worker.task_call import unreportable
 
-__all__ = [
-    "Settler",
-    "Verdict",
-    "give_back_unreported",
-    "report_cancelled",
-    "report_conclusion",
-    "report_failure",
-    "report_refusal",
-]
+__all__ = ["Settler", "conclude"]
 
 _logger = logging.getLogger("async_task_api_worker.engine")
 
 
-@dataclass(frozen=True, slots=True)
-class Verdict:
-    """What is to become of a delivery, before it is settled.
-
-    Attributes:
-        outcome: the decision line's ``outcome``.
-        action: the broker call (``ports.Action``).
-        code: the failure report's code, or the ``RetryableError``'s for a retry.
-        counted: for ``nack-requeue``, whether the requeue counts as a failed attempt.
-        poison_reason: for ``poison``, why the body was refused.
-        handler_ran: whether the handler was called (for the duration metric).
-        reason: why, for a give-back or a settle that needs saying.
-    """
-
-    outcome: Outcome
-    action: Action
-    code: str | None = None
-    counted: bool = False
-    poison_reason: str | None = None
-    handler_ran: bool = False
-    reason: str | None = None
-
-
-def give_back_unreported(run: DeliveryReporter, code: str | None = None) -> Verdict:
-    """Give the delivery back without burning an attempt, and say why.
-
-    The task was not at fault: its report could not get out, held as long as the broker allows
-    (or until the grace period of a shutdown ran out).
-    """
-    why = run.gave_up or GiveUp.HOLD_EXPIRED
-    outcome = Outcome.SHUTDOWN_REQUEUED if why is GiveUp.ABORTED else Outcome.PUBLISH_FAILED
-    return Verdict(outcome, Action.NACK_REQUEUE, code=code, reason=why.value)
-
-
-async def report_failure(run: DeliveryReporter, failure: Failure) -> Verdict:
-    """Publish ``failure`` as the task's terminal report: ``conclude``, or a give-back."""
-    if not await run.publish_failure(failure.code, failure.message):
-        return give_back_unreported(run, failure.code)
-    return Verdict(Outcome.FAILURE, Action.CONCLUDE, code=failure.code)
-
-
-async def report_cancelled(run: DeliveryReporter) -> Verdict:
-    """Publish ``failure TASK_CANCELLED`` for a client's cancel: ``cancelled_by_client``.
-
-    A report that could not get out gives the delivery back, to conclude next time.
-    """
-    verdict = await report_failure(run, CANCELLED_BY_CLIENT)
-    if verdict.outcome is Outcome.FAILURE:
-        return replace(verdict, outcome=Outcome.CANCELLED_BY_CLIENT)
-    return verdict
-
-
-async def report_conclusion(run: DeliveryReporter, conclusion: Conclusion) -> Verdict:
-    """Publish the terminal report of ``conclusion`` (a retryable failure is not retried here).
+async def conclude(run: DeliveryReporter, ending: Ending) -> Verdict:
+    """Publish the terminal report ``ending`` owes (if any) and return its verdict.
 
     A response that cannot go out as a report (too large, not JSON) becomes its failure
-    (``task_call.unreportable``).
+    (``task_call.unreportable``), reported instead.
     """
-    if isinstance(conclusion, Failure):
-        return await report_failure(run, conclusion)
-    try:
-        published = await run.publish_success(conclusion.value)
-    except ReportEncodeError as exc:
-        return await report_failure(run, unreportable(exc))
-    if not published:
-        return give_back_unreported(run)
-    return Verdict(Outcome.SUCCESS, Action.ACK)
-
-
-async def report_refusal(run: DeliveryReporter, refused: Refused) -> Verdict:
-    """Report what admission refused: a failure, or a rejection when nobody can be told."""
-    run.task_id, run.client_id = refused.task_id, refused.client_id
-    if refused.failure is None:
-        return Verdict(Outcome.POISON, Action.REJECT, poison_reason=refused.poison_reason)
-    verdict = await report_failure(run, refused.failure)
-    if refused.poison_reason is None:
-        return verdict
-    return replace(
-        verdict,
-        outcome=Outcome.POISON if verdict.outcome is Outcome.FAILURE else verdict.outcome,
-        poison_reason=refused.poison_reason,
-    )
+    attempt = Attempt(run.attempt, run.limit, run.count_known)
+    report = terminal_report(ending, attempt)
+    if report is None:
+        return decide(ending, attempt, run.gave_up)  # ``started``'s, for a stop by it
+    if isinstance(report, Failure):
+        published = await run.publish_failure(report.code, report.message)
+    else:
+        try:
+            published = await run.publish_success(report.value)
+        except ReportEncodeError as exc:
+            ending = unreportable(exc)
+            published = await run.publish_failure(ending.code, ending.message)
+    return decide(ending, attempt, None if published else run.gave_up or Reason.HOLD_EXPIRED)
 
 
 class Settler:
@@ -170,10 +96,8 @@ class Settler:
             asyncio.CancelledError: the caller was cancelled while the broker call or the
                 release was awaited.
         """
-        if run.delivery.cancel_token.cancelled and verdict.outcome is not Outcome.SHUTDOWN_REQUEUED:
-            # The transport withdrew it (the broker requeued it already): whatever got as far
-            # as a failed publish, nothing more is sent for it.
-            verdict = replace(verdict, outcome=Outcome.CANCELLED, action=Action.NONE, counted=False)
+        if run.delivery.cancel_token.cancelled:
+            verdict = withdrawn(verdict)  # the broker requeued it already
         settlement = Settlement(
             outcome=verdict.outcome,
             action=verdict.action,

@@ -5,6 +5,9 @@ task at the work's current ``await`` (``Task.cancel``), and the cut is taken bac
 (``Task.uncancel``) once the work has unwound, as ``asyncio.timeout`` does. A cancel of the
 calling task from elsewhere still propagates. This runs for every report and every handler
 call, so it makes no task, no waiter future and no extra turn of the event loop per call.
+``asyncio.timeout`` cannot be cut by a :class:`CancelToken` nor say which cut came first (the
+verdict needs to know: ``engine.verdict.Stopped``), and a ``TaskGroup`` would cost a task per
+work; where a plain deadline is all there is (the tick's waits), ``asyncio.timeout`` is used.
 """
 
 from __future__ import annotations

@@ -6,9 +6,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from async_task_api_worker.conclusion import Conclusion, Failure
+from async_task_api_worker.conclusion import Failure
 from async_task_api_worker.detached.state import write_atomically
 from async_task_api_worker.detached.tick import DetachedExecutor, TickReport, _sweep
+from async_task_api_worker.engine.verdict import Swept
 from async_task_api_worker.ports import Action, Delivery, Outcome, Settlement
 from async_task_api_worker.transports.memory import InMemoryTransport
 
@@ -35,10 +36,8 @@ class FakeEngine:
         self.calls: list[dict[str, Any]] = []
         self.via: list[Delivery] = []
 
-    async def report_result(
-        self, conclusion: Conclusion, *, via: Delivery, **ids: Any
-    ) -> Settlement:
-        self.calls.append(ids)
+    async def report_swept(self, swept: Swept, *, via: Delivery, **ids: Any) -> Settlement:
+        self.calls.append({**ids, "reason": swept.reason})
         self.via.append(via)
         outcome = Outcome.SUCCESS if len(self.calls) == 1 else Outcome.PUBLISH_FAILED
         return Settlement(outcome, Action.NONE, None, ids["task_id"], 1, 7)

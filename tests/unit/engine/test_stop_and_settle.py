@@ -429,20 +429,21 @@ async def test_a_result_reported_after_its_delivery_writes_one_decision_line_and
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     from async_task_api_worker.conclusion import Failure
+    from async_task_api_worker.engine.decision import Reason
+    from async_task_api_worker.engine.verdict import Swept
 
     caplog.set_level(logging.INFO)
     recorder = Recorder()
     engine, transport = build(
         blocking_worker(asyncio.Event(), []), observers=[recorder], worker_delivery_limit=4
     )
-    settlement = await engine.report_result(
-        Failure("WORKER_DIED", "lost"),
+    settlement = await engine.report_swept(
+        Swept(Failure("WORKER_DIED", "lost"), Reason.SWEPT_EXPIRY),
         via=transport.report_only(),
         task_id="t-9",
         client_id=None,  # lost with the task's state
         attempt=1,
         delivery_limit=None,  # lost too: the queue's own
-        reason="swept_expiry",
     )
     assert (settlement.outcome, settlement.action) == (Outcome.FAILURE, Action.NONE)
     assert (settlement.attempt, settlement.delivery_limit) == (1, 4)

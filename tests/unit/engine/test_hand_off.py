@@ -1,0 +1,127 @@
+"""An executor whose work outlives the delivery: ``started`` first, a redelivery not run again."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel
+
+from async_task_api_worker import TaskContext, Worker
+from async_task_api_worker.conclusion import ExecutionResult, HandedOff
+from async_task_api_worker.engine import Engine
+from async_task_api_worker.errors import PublishError
+from async_task_api_worker.ports import Action, Delivery, ExecutionRequest, Outcome
+from async_task_api_worker.protocol import EncodedReport
+from async_task_api_worker.settings import load_settings
+from async_task_api_worker.transports.memory import InMemoryTransport
+
+BODY = b'{"protocol_version":1,"task_id":"t-1","client_id":"c","service":"svc","input":{}}'
+
+
+class Input(BaseModel):
+    pass
+
+
+class Output(BaseModel):
+    pass
+
+
+class HandingOff:
+    """Hands each task off once ``started`` is confirmed; remembers what it handed off."""
+
+    hands_off = True
+
+    def __init__(self, transport: InMemoryTransport, handed: set[str]) -> None:
+        self.transport = transport
+        self.handed = handed
+        self.confirmed_at_hand_off: list[list[str]] = []
+
+    async def start(self) -> None:
+        pass
+
+    async def aclose(self) -> None:
+        pass
+
+    async def execute(self, request: ExecutionRequest) -> ExecutionResult:
+        if request.task_id in self.handed:
+            return HandedOff(already=True)
+        assert request.started is not None
+        await request.started()
+        self.confirmed_at_hand_off.append([p.report.type for p in self.transport.published])
+        self.handed.add(request.task_id)
+        return HandedOff()
+
+
+class RefusesStarted(InMemoryTransport):
+    async def publish(self, delivery: Delivery, report: EncodedReport) -> None:
+        if report.type == "started":
+            raise PublishError("not confirmed")
+        await super().publish(delivery, report)
+
+
+def worker() -> Worker:
+    definition = Worker("svc")
+
+    @definition.task(timeout=60)
+    async def handle(task_input: Input, ctx: TaskContext) -> Output:  # pragma: no cover
+        return Output()
+
+    return definition
+
+
+def engine_on(transport: InMemoryTransport, executor: HandingOff, **settings: object) -> Engine:
+    return Engine(worker(), load_settings(settings, read_environment=False), transport, executor)
+
+
+def deliver(transport: InMemoryTransport) -> Delivery:
+    transport.put(BODY)
+    delivery = transport.take()
+    assert delivery is not None
+    return delivery
+
+
+async def test_the_work_is_handed_off_only_once_started_is_confirmed() -> None:
+    transport = InMemoryTransport()
+    executor = HandingOff(transport, set())
+    settlement = await engine_on(transport, executor).handle(deliver(transport))
+    assert (settlement.outcome, settlement.action, settlement.reason) == (
+        Outcome.DETACHED,
+        Action.ACK,
+        None,
+    )
+    assert executor.confirmed_at_hand_off == [["started"]]
+    assert [p.report.type for p in transport.published] == ["started"]  # the rest comes later
+
+
+async def test_a_redelivery_of_a_task_handed_out_is_acked_with_no_started_and_no_second_run() -> (
+    None
+):
+    transport = InMemoryTransport()
+    executor = HandingOff(transport, {"t-1"})
+    settlement = await engine_on(transport, executor).handle(deliver(transport))
+    assert (settlement.outcome, settlement.action, settlement.reason) == (
+        Outcome.DETACHED,
+        Action.ACK,
+        "already_handed_out",
+    )
+    assert transport.published == []
+    assert executor.confirmed_at_hand_off == []
+
+
+async def test_a_started_that_does_not_get_out_hands_nothing_off_and_gives_the_delivery_back() -> (
+    None
+):
+    transport = RefusesStarted()
+    executor = HandingOff(transport, set())
+    engine = engine_on(
+        transport,
+        executor,
+        worker_consumer_timeout_s=0.6,
+        worker_consumer_timeout_check_interval_s=0.5,
+    )
+    settlement = await engine.handle(deliver(transport))
+    assert (settlement.outcome, settlement.action, settlement.requeue_counted) == (
+        Outcome.PUBLISH_FAILED,
+        Action.NACK_REQUEUE,
+        False,
+    )
+    assert settlement.reason == "report_held_until_consumer_timeout"
+    assert executor.handed == set()
