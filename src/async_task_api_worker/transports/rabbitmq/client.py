@@ -331,6 +331,9 @@ async def start_consumer(
     started, so this one starts again on the restored channel.
 
     Args:
+        queue: the queue to consume, declared on ``channel``.
+        channel: the robust channel ``queue`` was declared on.
+        callback: called with each message.
         timeout_s: the longest it keeps trying, in seconds.
         url: the broker's URL as logged (no password).
 
