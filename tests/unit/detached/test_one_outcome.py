@@ -13,7 +13,7 @@ import pytest
 
 from async_task_api_worker.conclusion import Response
 from async_task_api_worker.detached import Marker, spawn_detached, sweep
-from async_task_api_worker.detached.run import _finish
+from async_task_api_worker.detached.run import finish
 from async_task_api_worker.detached.state import (
     DONE_RETENTION_S,
     process_start_time,
@@ -99,7 +99,7 @@ def test_a_worker_writes_its_result_without_its_marker_but_not_once_its_task_was
     tmp_path: Path,
 ) -> None:
     marker = Marker.new("o-3", 60, {"k": 1})
-    _finish(tmp_path, "o-3", marker, Response({"n": 1}))  # no marker file
+    finish(tmp_path, "o-3", marker, Response({"n": 1}))  # no marker file
     assert read_json(tmp_path / "o-3.json") == {
         "ok": True,
         "response": {"n": 1},
@@ -108,7 +108,7 @@ def test_a_worker_writes_its_result_without_its_marker_but_not_once_its_task_was
     }
     write_atomically(tmp_path / "o-4.running", Marker.new("o-4", 60, {}).to_json())
     (tmp_path / "o-4.done").touch()
-    _finish(tmp_path, "o-4", Marker.new("o-4", 60, {}), Response({}))
+    finish(tmp_path, "o-4", Marker.new("o-4", 60, {}), Response({}))
     assert sorted(path.name for path in tmp_path.iterdir()) == ["o-3.json", "o-4.done"]
 
 
