@@ -411,7 +411,7 @@ async def test_job_mode_lets_the_last_task_finish_whatever_the_grace_period() ->
 
     @worker.task(timeout=10)
     async def handle(task_input: Input, ctx: TaskContext) -> Output:
-        await asyncio.sleep(0.3)
+        await asyncio.sleep(0.3)  # work that outlasts the 0.01 s grace period
         return Output()
 
     transport = InMemoryTransport(prefetch=1)
