@@ -21,6 +21,7 @@ from async_task_api_worker.settings import load_settings
 from async_task_api_worker.testing import WorkerHarness
 from async_task_api_worker.transports.memory import InMemoryTransport
 from tests.conftest import decision_records
+from tests.polling import until
 
 BODY = b'{"protocol_version":1,"task_id":"t-%d","client_id":"c","service":"svc","input":{}}'
 
@@ -108,7 +109,7 @@ async def test_a_second_request_ends_the_grace_period_at_once() -> None:
     serving = asyncio.create_task(runner.serve())
     await entered.wait()
     runner.request_shutdown("SIGTERM")
-    await asyncio.sleep(0)
+    await asyncio.sleep(0)  # one turn of the loop: the drain has begun
     assert runner.state is RunnerState.DRAINING
     runner.request_shutdown("SIGTERM")
     assert await asyncio.wait_for(serving, timeout=10) is ExitCode.OK
@@ -132,7 +133,7 @@ async def test_in_flight_tasks_finish_within_the_grace_period() -> None:
     serving = asyncio.create_task(runner.serve())
     await entered.wait()
     runner.request_shutdown("SIGTERM")
-    await asyncio.sleep(0)
+    await asyncio.sleep(0)  # one turn of the loop: the handler ends while the drain is on
     release.set()
     assert await serving is ExitCode.OK
     assert [p.report.type for p in transport.published] == ["started", "success"]
@@ -214,8 +215,8 @@ async def test_a_delivery_in_hand_but_never_started_is_given_back(
     transport.put(body(2))
     serving = asyncio.create_task(runner.serve())
     await entered.wait()
-    while transport.unacked_count < 2:  # the second is in hand, waiting for the only slot
-        await asyncio.sleep(0)
+    # The second is in hand, waiting for the only slot.
+    await until(lambda: transport.unacked_count == 2, 5, "two deliveries in hand")
     runner.request_shutdown("SIGTERM")
     assert await serving is ExitCode.OK
     assert {d.body for d in transport.given_back} == {body(1), body(2)}
@@ -273,8 +274,7 @@ async def test_startup_hooks_run_in_order_before_connecting() -> None:
 
     runner = runner_for(worker, Recording())
     serving = asyncio.create_task(runner.serve())
-    while runner.state is not RunnerState.RUNNING:
-        await asyncio.sleep(0)
+    await until(lambda: runner.state is RunnerState.RUNNING, 5, "the runner to run")
     runner.request_shutdown("test")
     assert await serving is ExitCode.OK
     assert order == ["first", "second", "connect"]
@@ -344,8 +344,7 @@ async def test_shutdown_hooks_share_one_budget(caplog: pytest.LogCaptureFixture)
 
     runner = runner_for(worker, InMemoryTransport(), worker_shutdown_hooks_timeout_s=0.2)
     serving = asyncio.create_task(runner.serve())
-    while runner.state is not RunnerState.RUNNING:
-        await asyncio.sleep(0)
+    await until(lambda: runner.state is RunnerState.RUNNING, 5, "the runner to run")
     runner.request_shutdown("test")
     assert await asyncio.wait_for(serving, timeout=5) is ExitCode.OK
     assert ran == ["quick", "failing", "forever"]  # "late" got no time left
