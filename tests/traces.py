@@ -1,7 +1,11 @@
 """An OpenTelemetry SDK set up for one test: every span kept in memory.
 
-The global tracer provider can be set once per process; OpenTelemetry's own test utilities
-(``opentelemetry.test.globals_test.reset_trace_globals``) reset it between tests the same way.
+The global tracer provider can be set once per process, and the API has no public way to unset
+it: :func:`_reset` does what OpenTelemetry's own test utilities do between tests
+(``opentelemetry.test.globals_test.reset_trace_globals`` sets the same two private globals).
+That package is not used for it because it pins ``opentelemetry-api`` and ``-sdk`` to the
+release before the locked one. A provider set once for the whole process, instead, would trace
+every other test of that process (trace ids in their log lines and messages).
 """
 
 from __future__ import annotations

@@ -28,6 +28,7 @@ from typing import Any, ClassVar
 import aio_pika
 
 from async_task_api_worker.client import build_envelope
+from tests import polling
 from tests.integration.conftest import REPO
 from tests.ports import free_port
 
@@ -261,14 +262,16 @@ class Supervisor:
         self, text: str, timeout_s: float = 60.0, path: Path | None = None, count: int = 1
     ) -> float:
         """Wait until ``text`` appears ``count`` times in the log; the monotonic time then."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            log = path.read_text(errors="replace") if path else self.log()
-            if log.count(text) >= count:
-                return time.monotonic()
-            if time.monotonic() > deadline:
-                raise AssertionError(f"no {text!r} x{count} within {timeout_s} s:\n{log[-4000:]}")
-            time.sleep(0.05)
+
+        def log() -> str:
+            return path.read_text(errors="replace") if path else self.log()
+
+        polling.wait_for(
+            lambda: log().count(text) >= count,
+            timeout_s,
+            lambda: f"{text!r} x{count}:\n{log()[-4000:]}",
+        )
+        return time.monotonic()
 
     def kill9(self) -> None:
         """SIGKILL the current worker (its fork server and children die with it), start anew."""

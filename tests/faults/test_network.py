@@ -22,6 +22,7 @@ from tests.faults.ledger import Case, Ledger, Supervisor, worker_env
 from tests.faults.test_pushback import ready_status
 from tests.integration.conftest import BROKER_HOST, BROKER_PORT
 from tests.integration.tcp_proxy import TcpProxy
+from tests.polling import until
 from tests.ports import node_name, node_port
 
 TARGET = "tests.faults.workers:steady"
@@ -43,8 +44,8 @@ async def test_a_silent_partition_is_seen_within_two_heartbeats_and_nothing_is_l
         worker.env.update(BROKER_URL=through_proxy, BROKER_HEARTBEAT_S=str(HEARTBEAT_S))
         worker.start()
         ids = await case.publish(12, {"seconds": 4.0})
-        while len(list(markers.iterdir())) < 4:  # four tasks in flight
-            await asyncio.sleep(0.05)
+        # Four tasks in flight (their handlers' marker files).
+        await until(lambda: len(list(markers.iterdir())) >= 4, 60, "four tasks in flight")
         proxy.pause()
         paused, paused_wall = time.monotonic(), time.time()
         first_503: float | None = None
@@ -55,7 +56,7 @@ async def test_a_silent_partition_is_seen_within_two_heartbeats_and_nothing_is_l
                 first_503 = time.monotonic() - paused
             elif first_503 is not None:
                 ready_after_503.append(status)
-            await asyncio.sleep(1.0)
+            await asyncio.sleep(1.0)  # readiness sampled once a second through the partition
         proxy.resume()
         counts = await case.settle(ids, timeout_s=90)
     drops = [
@@ -180,7 +181,7 @@ async def test_a_stopped_cluster_node_costs_seconds_with_two_urls(
             first.stop()
             worker_gap = await wait_resumed(ledger, published, stopping, time.monotonic())
             worker_from_stop = await wait_resumed(ledger, published, stopping)
-            await asyncio.sleep(2)
+            await asyncio.sleep(2)  # two more seconds of traffic on the surviving nodes
         ids = [task_id for _, task_id in published]
         await ledger.read(second_url, "ha_out", ids, timeout_s=60)
         counts = ledger.count(ids, markers, Broker("", node=second).hung(vhost, "ha_in"))
@@ -247,7 +248,7 @@ async def test_a_partition_during_a_memory_alarm_loses_nothing(
         case.worker.wait_for("was blocked by")
         proxy.pause()
         case.worker.wait_for("No frame from the broker", timeout_s=DETECTION_BOUND_S + 5)
-        await asyncio.sleep(5)
+        await asyncio.sleep(5)  # the partition goes on past the detection, then heals
         proxy.resume()
         node_310.node.set_memory_alarm(False)
         counts = await case.settle(ids, timeout_s=90)

@@ -141,8 +141,8 @@ async def test_a_memory_alarm_blocks_reports_which_are_held_then_published(
         status, body = ready_status(case.worker.probes)
         if status == 503:
             break
-        await asyncio.sleep(0.5)
-    await asyncio.sleep(max(0.0, OUTAGE_S - (time.monotonic() - alarmed)))
+        await asyncio.sleep(0.5)  # readiness sampled over HTTP until it says 503
+    await asyncio.sleep(max(0.0, OUTAGE_S - (time.monotonic() - alarmed)))  # the outage's rest
     broker.node.set_memory_alarm(False)
     counts = await case.settle(ids, timeout_s=60)
     record(
@@ -268,7 +268,7 @@ async def test_the_reports_connection_closed_during_an_alarm_comes_back(
     for line in connections.splitlines():
         if case.vhost in line and "worker reports" in line:
             broker.ctl("close_connection", line.split()[0], "fault suite")
-    await asyncio.sleep(5.0)
+    await asyncio.sleep(5.0)  # the alarm holds 5 s past the close, then clears
     broker.node.set_memory_alarm(False)
     cleared = time.monotonic()
     counts = await case.settle(ids, timeout_s=90)

@@ -3,7 +3,6 @@ forced disconnect, SIGTERM under load, malformed bodies, and a quorum queue with
 
 from __future__ import annotations
 
-import asyncio
 import signal
 from pathlib import Path
 from typing import Any
@@ -13,12 +12,12 @@ import pytest
 
 from tests.faults.conftest import Broker
 from tests.faults.ledger import Case
+from tests.polling import until
 
 
 async def until_markers(markers: Path, count: int) -> None:
-    """Wait until the handlers have been called ``count`` times in all."""
-    while len(list(markers.iterdir())) < count:
-        await asyncio.sleep(0.05)
+    """Wait until the handlers have been called ``count`` times in all (their marker files)."""
+    await until(lambda: len(list(markers.iterdir())) >= count, 120, f"{count} handler calls")
 
 
 @pytest.mark.timeout(300)

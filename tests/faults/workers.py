@@ -11,7 +11,7 @@ import asyncio
 from pydantic import BaseModel
 
 from async_task_api_worker import TaskContext, Worker
-from tests.integration.workers import _mark
+from tests.integration.workers import mark_started
 
 
 class Input(BaseModel):
@@ -34,7 +34,7 @@ steady = Worker("steady")
 @steady.task(timeout=60)
 async def work(task_input: Input, ctx: TaskContext) -> Output:
     """Work ``seconds`` on every attempt, then answer."""
-    _mark(ctx)
+    mark_started(ctx)
     await ctx.progress(0.5)
     await asyncio.sleep(task_input.seconds)
     return Output(attempt=ctx.attempt, text="x" * task_input.size)
@@ -46,7 +46,7 @@ quick = Worker("quick")
 @quick.task(timeout=60)
 async def answer(task_input: Input, ctx: TaskContext) -> Output:
     """Answer at once, with ``size`` characters: the terminal report right behind ``started``."""
-    _mark(ctx)
+    mark_started(ctx)
     return Output(attempt=ctx.attempt, text="x" * task_input.size)
 
 
@@ -56,7 +56,7 @@ crashy = Worker("crashy")
 @crashy.task(timeout=60)
 async def stall_then_work(task_input: Input, ctx: TaskContext) -> Output:
     """Stall ``seconds`` on the first two attempts (to be killed meanwhile), answer on the third."""
-    _mark(ctx)
+    mark_started(ctx)
     if ctx.attempt < 3:
         await asyncio.sleep(task_input.seconds)
     return Output(attempt=ctx.attempt)

@@ -46,7 +46,7 @@ def nap_in_a_thread(task_input: Nap, ctx: SyncTaskContext) -> Done:
     """Poll ``ctx.cancelled`` until it is set, then unwind."""
     Path(f"{task_input.marker}.started").write_text(ctx.task_id)
     while not ctx.cancelled:
-        time.sleep(0.01)
+        time.sleep(0.01)  # a def handler's one way to see its cancel: it looks, between steps
     Path(f"{task_input.marker}.stopped").write_text(ctx.task_id)
     ctx.raise_if_cancelled()
     return Done()

@@ -37,6 +37,7 @@ import pytest
 
 from async_task_api_worker.client import TaskClient
 from tests.integration.sfn_fixtures import aws, ecs_agent, moto_url, sfn_worker
+from tests.polling import wait_for
 
 __all__ = ["aws", "ecs_agent", "moto_url", "sfn_worker"]  # fixtures of the sfn tests
 
@@ -287,13 +288,13 @@ class WorkerProcess:
 
     def wait_for_log(self, text: str, timeout_s: float = 30.0) -> None:
         """Wait until ``text`` appears in the process's output (or it exits, or time is up)."""
-        deadline = time.monotonic() + timeout_s
-        while text not in self.log():
-            if self.process.poll() is not None:
+
+        def said() -> bool:
+            if self.process.poll() is not None and text not in self.log():
                 raise AssertionError(f"worker exited ({self.process.returncode}):\n{self.log()}")
-            if time.monotonic() > deadline:
-                raise AssertionError(f"no {text!r} within {timeout_s} s:\n{self.log()}")
-            time.sleep(0.05)
+            return text in self.log()
+
+        wait_for(said, timeout_s, lambda: f"{text!r} in the log:\n{self.log()}")
 
     def wait(self, timeout_s: float = 30.0) -> int:
         return self.process.wait(timeout=timeout_s)
@@ -334,12 +335,3 @@ def start_worker(tmp_path: Path) -> Iterator[object]:
     yield start
     for worker in started:
         worker.stop()
-
-
-def wait_for(predicate: object, timeout_s: float = 30.0, what: str = "condition") -> None:
-    """Poll ``predicate()`` until true (for files and broker state, which have no events)."""
-    deadline = time.monotonic() + timeout_s
-    while not predicate():  # type: ignore[operator]
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)

@@ -55,7 +55,7 @@ async def work(job: Job, ctx: TaskContext) -> Done:
     if job.mode == "wait":
         (_folder() / f"started-{ctx.task_id}").touch()
         while not (_folder() / "release").exists():
-            await asyncio.sleep(0.02)
+            await asyncio.sleep(0.02)  # the test, another process, releases it with a file
     elif job.mode == "fatal":
         raise FatalError("NOT_ALLOWED", "Not allowed.")
     elif job.mode == "retry" and ctx.attempt == 1:

@@ -19,6 +19,7 @@ from typing import Any
 import boto3
 import pytest
 
+from tests.polling import wait_for
 from tests.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -47,11 +48,7 @@ def moto_url() -> Iterator[str]:
             stderr=subprocess.DEVNULL,
         )
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while not _answers(url):
-        if time.monotonic() > deadline:
-            pytest.fail(f"moto's server did not answer on {url}")
-        time.sleep(0.1)
+    wait_for(lambda: _answers(url), 30, f"moto's server to answer on {url}")
     request = urllib.request.Request(  # noqa: S310
         f"{url}/moto-api/config",
         data=json.dumps({"stepfunctions": {"execute_state_machine": True}}).encode(),
@@ -83,7 +80,7 @@ def ecs_agent() -> Iterator[EcsAgentStub]:
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             stub.calls.append({"path": self.path, "body": body, "at": time.monotonic()})
             if stub.mode == "hang":
-                time.sleep(30)
+                time.sleep(30)  # an agent that never answers: the worker's call times out
                 return
             if stub.mode == "error":
                 self.send_response(500)

@@ -37,24 +37,29 @@ def client(queues: Queues, **options: str) -> TaskClient:
 
 
 async def bound_queue(connection: aio_pika.abc.AbstractConnection, exchange: str) -> AbstractQueue:
-    """A server-named exclusive, auto-delete queue bound to ``exchange``, as a worker binds."""
+    """A server-named exclusive queue bound to ``exchange``, as a worker binds.
+
+    Not auto-delete, unlike a worker's: :func:`one_message` ends its consumer, and the queue
+    must stay for what the test reads next (it goes with the test's connection).
+    """
     channel = await connection.channel()
     # A passive declare: the exchange must already be there, made by a client or a worker.
     control = await channel.get_exchange(exchange)
-    queue = await channel.declare_queue("", exclusive=True, auto_delete=True)
+    queue = await channel.declare_queue("", exclusive=True)
     await queue.bind(control)
     return queue
 
 
 async def one_message(queue: AbstractQueue, timeout_s: float = 10.0) -> AbstractIncomingMessage:
-    message = await queue.get(fail=False, timeout=timeout_s)
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while message is None and asyncio.get_running_loop().time() < deadline:
-        await asyncio.sleep(0.05)
-        message = await queue.get(fail=False, timeout=timeout_s)
-    assert message is not None, "no cancel request arrived"
-    await message.ack()
-    return message
+    """The first message the broker pushes to ``queue``, acked (TimeoutError: none came).
+
+    Any other it pushed meanwhile is given back to the queue when the consumer ends.
+    """
+    async with queue.iterator() as messages, asyncio.timeout(timeout_s):
+        async for message in messages:
+            await message.ack()
+            return message
+    raise AssertionError("the consumer ended without a message")
 
 
 def assert_is_the_cancel(

@@ -15,6 +15,7 @@ from async_task_api_worker.transports.rabbitmq.watch import MAX_CHANNEL_FAILURES
 from examples.count_words import worker
 from tests.integration.conftest import BROKER_USER, Queues, rabbitmqctl
 from tests.integration.test_run_on_rabbitmq import collect
+from tests.polling import until
 
 
 def transport_for(queues: Queues) -> RabbitMQTransport:
@@ -84,8 +85,8 @@ async def test_a_channel_that_keeps_closing_stops_the_worker_with_failure(queues
         transport = transport_for(queues)
         runner = Runner(worker, load_settings({}, read_environment=False), transport)
         serving = asyncio.create_task(runner.serve())
-        while not transport.consuming:  # the consumer started (a close before is another test)
-            await asyncio.sleep(0.01)
+        # The consumer started (a close before is another test).
+        await until(lambda: transport.consuming, 30, "the consumer to start")
         for closes in range(1, MAX_CHANNEL_FAILURES + 1):
             await close_consume_channel(transport)
             await asyncio.wait_for(closed.reach(closes), timeout=30)
@@ -135,8 +136,7 @@ async def test_a_channel_the_broker_will_not_restore_ends_the_worker_not_idles_i
     runner = Runner(worker, load_settings({}, read_environment=False), transport)
     serving = asyncio.create_task(runner.serve())
     try:
-        while not transport.consuming:
-            await asyncio.sleep(0.01)
+        await until(lambda: transport.consuming, 30, "the consumer to start")
         rabbitmqctl("set_permissions", "-p", queues.vhost, BROKER_USER, ".*", ".*", "^$")
         await close_consume_channel(transport)
         assert await asyncio.wait_for(serving, timeout=30) is ExitCode.FAILURE

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import signal
-import time
 import urllib.error
 import urllib.request
 from typing import Any
@@ -12,6 +11,7 @@ from typing import Any
 import pytest
 
 from tests.integration.sfn_fixtures import Aws, EcsAgentStub
+from tests.polling import wait_for
 from tests.ports import free_port
 
 pytestmark = pytest.mark.integration
@@ -47,13 +47,6 @@ def get(url: str) -> tuple[int, str]:
         return 0, ""
 
 
-def wait_for(condition: Any, what: str, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.05)
-
-
 def task_failed(aws: Aws, execution: str) -> dict[str, Any]:
     history = aws.sfn.get_execution_history(executionArn=execution)["events"]
     (failure,) = [e for e in history if e["type"] == "TaskFailed"]
@@ -71,7 +64,7 @@ def test_the_example_worker_succeeds_and_fails_with_its_code_on_step_functions(
     worker, probes = serve(
         aws, sfn_worker, "examples.count_words:worker", ECS_AGENT_URI=ecs_agent.url
     )
-    wait_for(lambda: get(f"{probes}/ready")[0] == 200, "never ready: " + worker.log())
+    wait_for(lambda: get(f"{probes}/ready")[0] == 200, what=lambda: "ready:\n" + worker.log())
     ok = aws.finished(aws.start({"text": "hello big world"}))
     assert ok["status"] == "SUCCEEDED", worker.log()
     assert json.loads(ok["output"]) == {"words": 3}
@@ -107,15 +100,15 @@ def test_sigterm_with_a_message_in_hand_finishes_it_then_exits_0(aws: Aws, sfn_w
     worker, probes = serve(
         aws, sfn_worker, "tests.integration.sfn_sdk_workers:napper", WORKER_SHUTDOWN_GRACE_S="0"
     )
-    wait_for(lambda: get(f"{probes}/ready")[0] == 200, "never ready: " + worker.log())
+    wait_for(lambda: get(f"{probes}/ready")[0] == 200, what=lambda: "ready:\n" + worker.log())
     execution = aws.start({"seconds": 3})
     wait_for(
         lambda: "worker_tasks_in_flight 1.0" in get(f"{probes}/metrics")[1],
-        "the task never started: " + worker.log(),
+        what=lambda: "the task to start:\n" + worker.log(),
     )
     worker.process.send_signal(signal.SIGTERM)
     # The drain waits for it although the grace period is 0: it cannot be given back.
-    wait_for(lambda: get(f"{probes}/ready")[0] == 503, "still ready while draining")
+    wait_for(lambda: get(f"{probes}/ready")[0] == 503, what="not ready while draining")
     assert '"draining"' in get(f"{probes}/ready")[1]
     assert worker.process.wait(timeout=60) == 0, worker.log()
     finished = aws.finished(execution)
@@ -143,7 +136,7 @@ def test_the_seed_face_has_the_same_decision_lines_metrics_and_probes(
     port = str(free_port())
     worker = sfn_worker("tests.integration.sfn_consumer.app", aws.env(HEALTH_CHECK_PORT=port))
     probes = f"http://127.0.0.1:{port}"
-    wait_for(lambda: get(f"{probes}/ready")[0] == 200, "never ready: " + worker.log())
+    wait_for(lambda: get(f"{probes}/ready")[0] == 200, what=lambda: "ready:\n" + worker.log())
     ok = aws.finished(aws.start({"asset_upload_type": "atmos", "bucket": "b", "key": "k"}))
     assert ok["status"] == "SUCCEEDED", worker.log()
     refused = aws.finished(aws.start({"asset_upload_type": "other", "bucket": "b", "key": "k"}))

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from tests.integration.sfn_fixtures import Aws, EcsAgentStub
+from tests.polling import wait_for
 from tests.unit.process.test_process_executor import processes_with
 
 CASES = "tests.integration.sfn_consumer.cases"
@@ -76,19 +77,13 @@ def test_a_stale_token_kills_the_whole_group_silently(aws: Aws, sfn_worker: Any)
     worker = sfn_worker(CASES, aws.env(HEARTBEAT_S="0.5"))
     marker = f"atw-sfn-{uuid.uuid4().hex}"
     execution = aws.start({"case": "long", "marker": marker})
-    deadline = time.monotonic() + 30
-    while len(processes_with(marker)) < 2:
-        assert time.monotonic() < deadline, worker.log()
-        time.sleep(0.05)
+    wait_for(
+        lambda: len(processes_with(marker)) >= 2, 30, lambda: "two processes:\n" + worker.log()
+    )
     aws.sfn.stop_execution(executionArn=execution)
-    deadline = time.monotonic() + 30
-    while processes_with(marker):
-        assert time.monotonic() < deadline, worker.log()
-        time.sleep(0.05)
-    deadline = time.monotonic() + 10
-    while "The task token went stale" not in worker.log():
-        assert time.monotonic() < deadline, worker.log()
-        time.sleep(0.05)
+    wait_for(lambda: not processes_with(marker), 30, lambda: "no process:\n" + worker.log())
+    stale = "The task token went stale"
+    wait_for(lambda: stale in worker.log(), 10, lambda: f"{stale!r}:\n{worker.log()}")
     # Nothing was sent for the token: no task success or failure in the execution's history.
     aws.finished(execution)
     history = aws.sfn.get_execution_history(executionArn=execution)["events"]
@@ -105,10 +100,8 @@ def test_malformed_messages(aws: Aws, sfn_worker: Any) -> None:
     assert failure["taskFailedEventDetails"]["error"] == "MalformedMessage"
     # Not JSON at all: deleted, logged, the worker goes on.
     aws.sqs.send_message(QueueUrl=aws.queue_url, MessageBody="not json {")
-    deadline = time.monotonic() + 20
-    while "no task token to report to" not in worker.log():
-        assert time.monotonic() < deadline, worker.log()
-        time.sleep(0.05)
+    said = "no task token to report to"
+    wait_for(lambda: said in worker.log(), 20, lambda: f"{said!r}:\n{worker.log()}")
     assert aws.messages_left() == 0
     assert aws.finished(aws.start({"case": "echo", "data": "after"}))["status"] == "SUCCEEDED"
 
@@ -134,10 +127,8 @@ def test_sigterm_during_a_message_waits_for_it(aws: Aws, sfn_worker: Any) -> Non
 
     worker = sfn_worker(CASES, aws.env())
     execution = aws.start({"case": "sleepy"})
-    deadline = time.monotonic() + 20
-    while "Running tests.integration.sfn_consumer.case_sleepy" not in worker.log():
-        assert time.monotonic() < deadline, worker.log()
-        time.sleep(0.05)
+    running = "Running tests.integration.sfn_consumer.case_sleepy"
+    wait_for(lambda: running in worker.log(), 20, lambda: f"{running!r}:\n{worker.log()}")
     worker.process.send_signal(signal.SIGTERM)
     assert worker.process.wait(timeout=30) == 0
     finished = aws.finished(execution)

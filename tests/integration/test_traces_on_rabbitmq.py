@@ -17,6 +17,7 @@ from async_task_api_worker.settings import load_settings
 from async_task_api_worker.transports.rabbitmq import RabbitMQTransport
 from tests.integration.conftest import Queues
 from tests.integration.traced_workers import traced
+from tests.polling import until
 from tests.traces import ids, parent_id
 from tests.traces import traced as tracing_to_memory
 
@@ -48,8 +49,8 @@ async def test_one_trace_from_submit_through_a_process_isolated_task_to_its_repo
         )
         runner = Runner(traced, load_settings({}, read_environment=False), transport)
         serving = asyncio.create_task(runner.serve())
-        while not transport.consuming:  # its queues are declared
-            await asyncio.sleep(0.01)
+        # Its queues are declared.
+        await until(lambda: transport.consuming, 30, "the consumer to start")
         # The client reads reports from a queue of its own: the reports, headers and all, are
         # read here.
         client = TaskClient(

@@ -28,7 +28,8 @@ class Output(BaseModel):
     attempt: int
 
 
-def _mark(ctx: TaskContext | SyncTaskContext) -> None:
+def mark_started(ctx: TaskContext | SyncTaskContext) -> None:
+    """Leave ``<task id>.<attempt>.<pid>`` in ``ATW_TEST_MARKERS``: this attempt started."""
     folder = Path(os.environ["ATW_TEST_MARKERS"])
     (folder / f"{ctx.task_id}.{ctx.attempt}.{os.getpid()}").touch()
 
@@ -56,7 +57,7 @@ retrying = Worker("retrying")
 @retrying.task(timeout=30)
 async def always_retry(task_input: Input, ctx: TaskContext) -> Output:
     """Fail with a transient error, every time."""
-    _mark(ctx)
+    mark_started(ctx)
     raise RetryableError("UPSTREAM_DOWN", "The upstream is down.")
 
 
@@ -66,7 +67,7 @@ sleeping = Worker("sleeping")
 @sleeping.task(timeout=600)
 async def sleep_then_answer(task_input: Input, ctx: TaskContext) -> Output:
     """Sleep ``seconds``, then answer with the attempt (the first attempt may sleep longer)."""
-    _mark(ctx)
+    mark_started(ctx)
     await asyncio.sleep(task_input.seconds if ctx.attempt == 1 else 0.0)
     return Output(attempt=ctx.attempt)
 
@@ -77,7 +78,7 @@ hanging = Worker("hanging")
 @hanging.task(timeout=600)
 async def hang(task_input: Input, ctx: TaskContext) -> Output:
     """Never finish (until killed)."""
-    _mark(ctx)
+    mark_started(ctx)
     await asyncio.sleep(3600)
     return Output(attempt=ctx.attempt)
 
@@ -88,7 +89,7 @@ stuck = Worker("stuck")
 @stuck.task(timeout=600)
 def block(task_input: Input, ctx: SyncTaskContext) -> Output:
     """Block a thread for ten minutes: no drain can stop it."""
-    _mark(ctx)
+    mark_started(ctx)
     time.sleep(600)
     return Output(attempt=ctx.attempt)
 
@@ -99,7 +100,7 @@ offloading = Worker("offloading")
 @offloading.task(timeout=600)
 async def offload(task_input: Input, ctx: TaskContext) -> Output:
     """Block a thread started with asyncio.to_thread for ten minutes."""
-    _mark(ctx)
+    mark_started(ctx)
     await asyncio.to_thread(time.sleep, 600)
     return Output(attempt=ctx.attempt)
 
@@ -151,7 +152,7 @@ async def database_of_this_process() -> bool:
 @pooled.task(timeout=600)
 async def pooled_sleep(task_input: Input, ctx: TaskContext) -> Output:
     """As ``sleeping``: sleep ``seconds`` on the first attempt, answer with the attempt."""
-    _mark(ctx)
+    mark_started(ctx)
     await asyncio.sleep(task_input.seconds if ctx.attempt == 1 else 0.0)
     return Output(attempt=ctx.attempt)
 
@@ -183,7 +184,7 @@ mixed = Worker("mixed")
 @mixed.task(timeout=30)
 async def do_as_told(task_input: Choice, ctx: TaskContext) -> Output:
     """Answer, raise a ``FatalError`` or a ``RetryableError``, as the input says."""
-    _mark(ctx)
+    mark_started(ctx)
     await asyncio.sleep(0.001 * (hash(ctx.task_id) % 20))  # out of order, as real work ends
     if task_input.outcome == "fail":
         raise FatalError("BAD_INPUT", "Told to fail.")

@@ -22,6 +22,7 @@ from async_task_api_worker.testing import WorkerHarness
 from async_task_api_worker.transports.memory import InMemoryTransport
 from async_task_api_worker.transports.memory.messages import message_id_of
 from tests.conftest import decision_records
+from tests.polling import until
 
 BODY = b'{"protocol_version":1,"task_id":"t-%d","client_id":"c","service":"svc","input":{}}'
 
@@ -109,7 +110,7 @@ async def test_a_second_request_ends_the_grace_period_at_once() -> None:
     serving = asyncio.create_task(runner.serve())
     await entered.wait()
     runner.request_shutdown("SIGTERM")
-    await asyncio.sleep(0)
+    await asyncio.sleep(0)  # one turn of the loop: the drain has begun
     assert runner.state is RunnerState.DRAINING
     runner.request_shutdown("SIGTERM")
     assert await asyncio.wait_for(serving, timeout=10) is ExitCode.OK
@@ -133,7 +134,7 @@ async def test_in_flight_tasks_finish_within_the_grace_period() -> None:
     serving = asyncio.create_task(runner.serve())
     await entered.wait()
     runner.request_shutdown("SIGTERM")
-    await asyncio.sleep(0)
+    await asyncio.sleep(0)  # one turn of the loop: the handler ends while the drain is on
     release.set()
     assert await serving is ExitCode.OK
     assert [p.report.type for p in transport.published] == ["started", "success"]
@@ -214,8 +215,8 @@ async def test_a_delivery_in_hand_but_never_started_is_given_back(
     transport.put(body(2))
     serving = asyncio.create_task(runner.serve())
     await entered.wait()
-    while transport.unacked_count < 2:  # the second is in hand, waiting for the only slot
-        await asyncio.sleep(0)
+    # The second is in hand, waiting for the only slot.
+    await until(lambda: transport.unacked_count == 2, 5, "two deliveries in hand")
     runner.request_shutdown("SIGTERM")
     assert await serving is ExitCode.OK
     assert {message_id_of(d) for d in transport.given_back} == {1, 2}  # both put
@@ -314,8 +315,7 @@ async def test_startup_hooks_run_in_order_before_connecting() -> None:
 
     runner = runner_for(worker, Recording())
     serving = asyncio.create_task(runner.serve())
-    while runner.state is not RunnerState.RUNNING:
-        await asyncio.sleep(0)
+    await until(lambda: runner.state is RunnerState.RUNNING, 5, "the runner to run")
     runner.request_shutdown("test")
     assert await serving is ExitCode.OK
     assert order == ["first", "second", "connect"]
@@ -385,8 +385,7 @@ async def test_shutdown_hooks_share_one_budget(caplog: pytest.LogCaptureFixture)
 
     runner = runner_for(worker, InMemoryTransport(), worker_shutdown_hooks_timeout_s=0.2)
     serving = asyncio.create_task(runner.serve())
-    while runner.state is not RunnerState.RUNNING:
-        await asyncio.sleep(0)
+    await until(lambda: runner.state is RunnerState.RUNNING, 5, "the runner to run")
     runner.request_shutdown("test")
     assert await asyncio.wait_for(serving, timeout=5) is ExitCode.OK
     assert ran == ["quick", "failing", "forever"]  # "late" got no time left
@@ -452,7 +451,7 @@ async def test_job_mode_lets_the_last_task_finish_whatever_the_grace_period() ->
 
     @worker.task(timeout=10)
     async def handle(task_input: Input, ctx: TaskContext) -> Output:
-        await asyncio.sleep(0.3)
+        await asyncio.sleep(0.3)  # work that outlasts the 0.01 s grace period
         return Output()
 
     transport = InMemoryTransport(prefetch=1)

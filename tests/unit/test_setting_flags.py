@@ -9,7 +9,6 @@ from typing import Any
 import pytest
 
 from async_task_api_worker.cli import main
-from async_task_api_worker.cli.main import _parser, _setting_flags
 from async_task_api_worker.errors import SettingsError
 from async_task_api_worker.runtime.exit_codes import ExitCode
 from async_task_api_worker.settings import (
@@ -52,9 +51,19 @@ def cwd(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     return tmp_path
 
 
-def flags_of(command: str, *extra: str) -> dict[str, str]:
-    """What ``main`` hands a command: the parser's setting flags, by field."""
-    return _setting_flags(_parser().parse_args([command, *COMMANDS[command], *extra]))
+def flags_of(monkeypatch: pytest.MonkeyPatch, command: str, *extra: str) -> dict[str, str]:
+    """What ``main`` hands a command's settings: the setting flags given, by field."""
+    seen: list[dict[str, str]] = []
+
+    def spy(values: dict[str, str] | None = None, **_: object) -> WorkerSettings:
+        seen.append(dict(values or {}))
+        raise SettingsError("invalid setting SEEN: stop here")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(f"async_task_api_worker.cli.commands.{command}.load_settings", spy)
+        assert main([command, *COMMANDS[command], *extra]) == ExitCode.CONFIG
+    (flags,) = seen
+    return flags
 
 
 def value_of(settings: WorkerSettings, field: str) -> str:
@@ -72,10 +81,13 @@ def test_a_flag_wins_over_the_environment_which_wins_over_dotenv(
 ) -> None:
     in_file, in_environment, on_command_line = VALUES[flag.flag]
     (cwd / ".env").write_text(f"{flag.variable}={in_file}\n")
-    assert value_of(load_settings(flags_of("check")), flag.field) == in_file.casefold()
+    assert value_of(load_settings(flags_of(monkeypatch, "check")), flag.field) == in_file.casefold()
     monkeypatch.setenv(flag.variable, in_environment)
-    assert value_of(load_settings(flags_of("check")), flag.field) == in_environment.casefold()
-    given = flags_of("check", flag.flag, on_command_line)
+    assert (
+        value_of(load_settings(flags_of(monkeypatch, "check")), flag.field)
+        == in_environment.casefold()
+    )
+    given = flags_of(monkeypatch, "check", flag.flag, on_command_line)
     assert given == {flag.field: on_command_line}
     assert value_of(load_settings(given), flag.field) == on_command_line.casefold()
 
@@ -97,16 +109,8 @@ def test_each_command_hands_its_flags_to_the_settings(
         with pytest.raises(SystemExit):  # not a flag of theirs: argparse refuses it (exit 2)
             main([command, *COMMANDS[command], flag.flag, "2"])
         return
-    seen: list[dict[str, str]] = []
-
-    def spy(values: dict[str, str] | None = None, **_: object) -> WorkerSettings:
-        seen.append(dict(values or {}))
-        raise SettingsError("invalid setting SEEN: stop here")
-
-    monkeypatch.setattr(f"async_task_api_worker.cli.commands.{command}.load_settings", spy)
     value = VALUES[flag.flag][2]
-    assert main([command, *COMMANDS[command], flag.flag, value]) == ExitCode.CONFIG
-    assert seen == [{flag.field: value}]
+    assert flags_of(monkeypatch, command, flag.flag, value) == {flag.field: value}
     assert (
         capsys.readouterr().err.strip() == "async-task-api-worker: invalid setting SEEN: stop here"
     )

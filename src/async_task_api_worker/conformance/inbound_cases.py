@@ -23,7 +23,7 @@ from async_task_api_worker.conformance.wire import Wire
 from async_task_api_worker.protocol.codes import ErrorCode
 from async_task_api_worker.protocol.encoding import MAX_NESTING_DEPTH
 
-__all__ = ["decoding", "limits", "round_trip"]
+__all__ = ["decoding", "limits", "nested", "padded", "round_trip"]
 
 # ------------------------------------------------------------------------------- round trip
 
@@ -132,14 +132,15 @@ async def decoding(wire: Wire, setup: Setup, found: Findings) -> None:
 # ------------------------------------------------------------------------------- limits
 
 
-def _nested(levels: int) -> Any:
+def nested(levels: int) -> Any:
+    """Lists nested ``levels`` deep (``[[...[]...]]``): an input at the nesting limit's edge."""
     value: Any = []
     for _ in range(levels - 1):
         value = [value]
     return value
 
 
-def _padded(setup: Setup, tid: str, size: int) -> bytes:
+def padded(setup: Setup, tid: str, size: int) -> bytes:
     """An envelope of exactly ``size`` bytes: a ``succeed`` input padded with ``x``."""
     empty = envelope(setup, tid, {"behaviour": "succeed", "padding": ""})
     return envelope(setup, tid, {"behaviour": "succeed", "padding": "x" * (size - len(empty))})
@@ -167,16 +168,16 @@ async def limits(wire: Wire, setup: Setup, found: Findings) -> None:
     await wire.publish(envelope(setup, longest, {"behaviour": "succeed"}), message_id=longest)
     await wire.publish(envelope(setup, too_long, {"behaviour": "succeed"}))
     await wire.publish(
-        envelope(setup, deep_ok, {"behaviour": "succeed", "deep": _nested(inside)}),
+        envelope(setup, deep_ok, {"behaviour": "succeed", "deep": nested(inside)}),
         message_id=deep_ok,
     )
     await wire.publish(
-        envelope(setup, too_deep, {"behaviour": "succeed", "deep": _nested(inside + 1)}),
+        envelope(setup, too_deep, {"behaviour": "succeed", "deep": nested(inside + 1)}),
         message_id=too_deep,
     )
     refused = await wire.try_publish(
-        _padded(setup, at_size, setup.max_message_bytes), message_id=at_size
-    ) or await wire.try_publish(_padded(setup, over_size, setup.max_message_bytes + 1))
+        padded(setup, at_size, setup.max_message_bytes), message_id=at_size
+    ) or await wire.try_publish(padded(setup, over_size, setup.max_message_bytes + 1))
     sizes_sent = refused is None
     if refused is not None:
         found.notes.append(

@@ -24,7 +24,7 @@ from async_task_api_worker.conformance.wire import Seen, Wire
 from async_task_api_worker.protocol.encoding import canonical_dumps
 from async_task_api_worker.protocol.reports import TIMESTAMP_PATTERN
 
-__all__ = ["check_encoding", "encoding", "order"]
+__all__ = ["check_encoding", "encoding", "order", "schema_validator"]
 
 # ------------------------------------------------------------------------------- encoding
 
@@ -44,7 +44,13 @@ _TRICKY_OUTPUT: Final[dict[str, Any]] = {
 }
 
 
-def _schema_validator() -> Callable[[Any], list[str]] | None:
+def schema_validator() -> Callable[[Any], list[str]] | None:
+    """The report schema's check (``protocol/schemas``) for :func:`check_encoding`.
+
+    Returns:
+        A function of a decoded report giving its schema errors (each cut to 120 characters,
+        none for a valid report), or ``None`` without the ``conformance`` extra (jsonschema).
+    """
     try:
         from jsonschema import Draft202012Validator  # type: ignore[import-untyped,unused-ignore]
     except ImportError:  # the conformance extra is not installed
@@ -134,7 +140,7 @@ async def encoding(wire: Wire, setup: Setup, found: Findings) -> None:
     }
     for tid, task_input in tasks.items():
         await wire.publish(envelope(setup, tid, task_input), message_id=tid)
-    validate = _schema_validator()
+    validate = schema_validator()
     if validate is None:
         found.notes.append("schema not checked: install the conformance extra (jsonschema)")
     count = 0

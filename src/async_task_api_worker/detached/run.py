@@ -46,7 +46,7 @@ from async_task_api_worker.task_call import (
     timed_out,
 )
 
-__all__ = ["load_function", "main", "run_work"]
+__all__ = ["finish", "load_function", "main", "run_work", "watch_deadline"]
 
 _finishing = threading.Lock()
 # The result files this process wrote: one outcome each, the first of the work and the watchdog.
@@ -94,7 +94,7 @@ def _run_function(handler: str, message: dict[str, Any]) -> Conclusion:
     return call_function(lambda: load_function(handler)(message))
 
 
-def _finish(state_dir: Path, correlation_id: str, marker: Marker, conclusion: Conclusion) -> None:
+def finish(state_dir: Path, correlation_id: str, marker: Marker, conclusion: Conclusion) -> None:
     """Write the result file (once), marker or not, unless the task was reported already.
 
     The marker is claimed by rename, as a sweep claims it, and dropped after the write. If it
@@ -145,14 +145,14 @@ def run_work(
     else:
         run = run_sdk_task if sdk_worker else _run_function
         conclusion = run(handler, message)
-    _finish(state_dir, correlation_id, marker, conclusion)
+    finish(state_dir, correlation_id, marker, conclusion)
 
 
 def _kill_own_group() -> None:
     os.killpg(0, signal.SIGKILL)  # the worker and whatever it started
 
 
-def _watch_deadline(
+def watch_deadline(
     state_dir: Path,
     correlation_id: str,
     marker: Marker,
@@ -178,7 +178,7 @@ def _watch_deadline(
                 return
         if stop.is_set():
             return
-        _finish(state_dir, correlation_id, marker, timed_out(marker.duration_s))
+        finish(state_dir, correlation_id, marker, timed_out(marker.duration_s))
         kill()
 
     threading.Thread(target=watch, name=f"deadline-{correlation_id}", daemon=True).start()
@@ -206,7 +206,7 @@ def main(argv: list[str] | None = None) -> None:
     marker.pid = os.getpid()
     marker.start_time = process_start_time(marker.pid)
     write_atomically(marker_path, marker.to_json())
-    watchdog = _watch_deadline(state_dir, correlation_id, marker)
+    watchdog = watch_deadline(state_dir, correlation_id, marker)
     started = datetime.now(UTC).isoformat(timespec="seconds")
     print(f"{started} detached worker {correlation_id}: pid {marker.pid}", file=sys.stderr)
     run_work(

@@ -21,8 +21,8 @@ from async_task_api_worker.conformance.battery import (
     table,
 )
 from async_task_api_worker.conformance.case import Findings, Setup, envelope
-from async_task_api_worker.conformance.inbound_cases import _nested, _padded
-from async_task_api_worker.conformance.report_cases import _schema_validator, check_encoding
+from async_task_api_worker.conformance.inbound_cases import nested, padded
+from async_task_api_worker.conformance.report_cases import check_encoding, schema_validator
 from async_task_api_worker.conformance.wire import Seen
 from async_task_api_worker.protocol.encoding import nesting_depth, strict_loads
 from async_task_api_worker.protocol.reports import SuccessReport, encode_report
@@ -59,7 +59,7 @@ def _success() -> tuple[bytes, dict[str, Any]]:
 def test_a_report_as_this_sdk_encodes_it_passes_the_encoding_check() -> None:
     body, properties = _success()
     found = Findings()
-    position = check_encoding(found, _seen(body, **properties), "conformance", _schema_validator())
+    position = check_encoding(found, _seen(body, **properties), "conformance", schema_validator())
     assert found.problems == []
     assert position == (2, 1)
 
@@ -101,7 +101,7 @@ def test_a_body_that_is_not_json_is_a_problem_not_a_crash() -> None:
 
 
 def test_the_schema_check_names_a_missing_field() -> None:
-    validate = _schema_validator()
+    validate = schema_validator()
     assert validate is not None
     body, _ = _success()
     document = json.loads(body)
@@ -111,13 +111,13 @@ def test_the_schema_check_names_a_missing_field() -> None:
 
 def test_padded_envelopes_are_exactly_the_size_asked_for() -> None:
     for size in (1024, 4096, 4097):
-        body = _padded(SETUP, "t-1", size)
+        body = padded(SETUP, "t-1", size)
         assert len(body) == size
         assert strict_loads(body.decode())["input"]["behaviour"] == "succeed"
 
 
 def test_nested_inputs_reach_the_depth_the_limits_case_means() -> None:
-    body = envelope(SETUP, "t-1", {"behaviour": "succeed", "deep": _nested(62)})
+    body = envelope(SETUP, "t-1", {"behaviour": "succeed", "deep": nested(62)})
     assert nesting_depth(strict_loads(body.decode())) == 64
 
 

@@ -40,5 +40,5 @@ def gated(message: dict[str, Any]) -> dict[str, Any]:
     gate = Path(message["gate"])
     deadline = time.monotonic() + 60.0
     while not gate.exists() and time.monotonic() < deadline:
-        time.sleep(0.02)
+        time.sleep(0.02)  # the gate is a file the test writes from another process
     return {"gated": gate.exists()}

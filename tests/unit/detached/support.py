@@ -6,7 +6,6 @@ import json
 import os
 import signal
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -14,17 +13,16 @@ from typing import Any
 from prometheus_client import REGISTRY
 
 from async_task_api_worker.detached.state import Clocks, process_start_time
+from tests.polling import wait_for
 
 HANDLERS = "tests.unit.detached.handlers"
 UNREADABLE = "worker_detached_unreadable_files_total"
 
 
 def wait_until(predicate: Callable[[], object], timeout_s: float = 30.0) -> None:
-    """Wait until ``predicate()`` is true, at most ``timeout_s`` seconds (then fail)."""
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.02)
+    """Wait until ``predicate()`` is true (a detached worker's files or process, which another
+    process changes), at most ``timeout_s`` seconds (then fail)."""
+    wait_for(predicate, timeout_s, "a detached worker's state")
 
 
 class Inbox:

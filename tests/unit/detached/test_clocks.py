@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from async_task_api_worker.detached import Marker, in_flight, spawn_detached, sweep
-from async_task_api_worker.detached.run import _watch_deadline
+from async_task_api_worker.detached.run import watch_deadline
 from async_task_api_worker.detached.state import (
     Clocks,
     process_start_time,
@@ -177,7 +177,7 @@ def test_the_workers_own_watchdog_counts_on_the_boot_clock(
     write_atomically(tmp_path / "d-1.running", marker.to_json())
     clocks = Clocks(boot=boot, wall=lambda: time.time() + wall_step_s)
     killed = threading.Event()
-    stop = _watch_deadline(tmp_path, "d-1", marker, clocks=clocks, kill=killed.set)
+    stop = watch_deadline(tmp_path, "d-1", marker, clocks=clocks, kill=killed.set)
     try:
         boot.now = 559.0
         reads = boot.reads
@@ -198,7 +198,7 @@ def test_the_watchdog_takes_a_start_in_the_future_as_now(tmp_path: Path) -> None
     write_atomically(tmp_path / "d-2.running", marker.to_json())
     clocks = Clocks(boot=boot, wall=time.time, this_boot=lambda: "boot-1")
     killed = threading.Event()
-    stop = _watch_deadline(tmp_path, "d-2", marker, clocks=clocks, kill=killed.set)
+    stop = watch_deadline(tmp_path, "d-2", marker, clocks=clocks, kill=killed.set)
     try:
         boot.now = 1060.0  # a full deadline after now, not 4000 s more
         assert killed.wait(30)

@@ -208,7 +208,7 @@ async def test_a_handler_that_swallows_its_cancel_and_returns_late_is_a_timeout(
         try:
             await asyncio.Event().wait()
         except asyncio.CancelledError:
-            await asyncio.sleep(0.01)
+            await asyncio.sleep(0.01)  # returns late: still running after its cut
         return Output()
 
     async with WorkerHarness(async_worker(handle, timeout=0.05)) as harness:
@@ -326,7 +326,7 @@ async def test_progress_from_another_thread_does_not_wedge_the_throttle() -> Non
         await asyncio.to_thread(asyncio.run, ctx.progress(0.1))
         for step in range(2, 6):
             await ctx.progress(step / 10)
-            await asyncio.sleep(0.03)
+            await asyncio.sleep(0.03)  # work between two updates, past the 0.01 s throttle
         return Output()
 
     overrides = {"worker_progress_min_interval_s": 0.01}
@@ -341,7 +341,7 @@ async def test_progress_from_another_thread_does_not_wedge_the_throttle() -> Non
 
 async def test_the_harness_runs_at_most_worker_concurrency_deliveries_at_once() -> None:
     def handle(task_input: Input, ctx: SyncTaskContext) -> Output:
-        time.sleep(0.2)
+        time.sleep(0.2)  # work: two in a row fit no 0.35 s timeout, had one waited for another
         return Output()
 
     worker = Worker("svc")

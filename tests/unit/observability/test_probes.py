@@ -16,6 +16,7 @@ from async_task_api_worker.observability.probes import (
     ProbesServer,
     ReadinessCheck,
 )
+from tests.polling import until
 from tests.probes_client import Answer, parse, request
 
 ServerFactory = Callable[..., Awaitable[ProbesServer]]
@@ -212,16 +213,15 @@ async def test_concurrent_ready_requests_share_one_evaluation(serve: ServerFacto
     server = await serve(probes={"database": database})
     readiness = server.readiness
     asking = [asyncio.ensure_future(request(server.port, "/ready")) for _ in range(20)]
-    while readiness.waiting < 20:  # every request is waiting on the evaluation in progress
-        await asyncio.sleep(0.001)
+    # every request is waiting on the evaluation in progress
+    await until(lambda: readiness.waiting == 20, 5, "20 requests waiting")
     release.set()
     answers = await asyncio.gather(*asking)
     assert [a.status for a in answers] == [200] * 20
     assert calls == 1
     release.clear()
     second = asyncio.ensure_future(request(server.port, "/ready"))
-    while readiness.waiting < 1:
-        await asyncio.sleep(0.001)
+    await until(lambda: readiness.waiting == 1, 5, "the request waiting")
     release.set()
     assert (await second).status == 200
     assert calls == 2  # a later request evaluates again
@@ -230,8 +230,7 @@ async def test_concurrent_ready_requests_share_one_evaluation(serve: ServerFacto
 async def test_close_cuts_the_connections_being_served(serve: ServerFactory) -> None:
     server = await serve()
     reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
-    while server.connections == 0:
-        await asyncio.sleep(0.001)
+    await until(lambda: server.connections == 1, 5, "the connection served")
     await asyncio.wait_for(server.close(), timeout=1.0)
     assert await asyncio.wait_for(reader.read(), timeout=1.0) == b""
     writer.close()
@@ -268,7 +267,7 @@ async def test_a_probe_ignoring_its_cancel_does_not_hold_the_answer(serve: Serve
     async def stubborn() -> bool:
         while not release.is_set():
             with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.sleep(0.05)
+                await release.wait()
         return True
 
     server = await serve(probes={"stubborn": stubborn}, probe_timeout_s=0.1)
@@ -276,8 +275,7 @@ async def test_a_probe_ignoring_its_cancel_does_not_hold_the_answer(serve: Serve
     assert answer.json()["components"] == {"stubborn": "no answer within 0.1 s"}
     assert server.readiness.stuck_probes == 1
     release.set()
-    while server.readiness.stuck_probes:
-        await asyncio.sleep(0.01)
+    await until(lambda: server.readiness.stuck_probes == 0, 5, "the stuck probe to end")
 
 
 async def test_a_probe_whose_truth_value_raises_is_named(serve: ServerFactory) -> None:

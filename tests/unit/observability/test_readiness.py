@@ -15,6 +15,7 @@ from async_task_api_worker.runtime import ExitCode, Runner
 from async_task_api_worker.runtime.observed import serving_probes
 from async_task_api_worker.settings import WorkerSettings, load_settings
 from async_task_api_worker.transports.memory import InMemoryTransport
+from tests.polling import until
 from tests.probes_client import request
 
 
@@ -78,8 +79,7 @@ async def test_health_answers_during_startup_and_ready_names_the_broker() -> Non
         assert ready.status == 503
         assert ready.json()["components"] == {"broker": "not connected yet"}
         checked.set()
-        while not transport.consuming:
-            await asyncio.sleep(0.001)
+        await until(lambda: transport.consuming, 5, "the runner to consume")
         assert (await request(server.port, "/ready")).status == 200
         transport.up = False
         lost = await request(server.port, "/ready")
@@ -141,8 +141,7 @@ async def test_the_worker_probe_hooks_are_evaluated() -> None:
     runner = Runner(worker, settings(), transport)
     async with serving_probes(runner) as server:
         serving = asyncio.ensure_future(runner.serve())
-        while not transport.consuming:
-            await asyncio.sleep(0.001)
+        await until(lambda: transport.consuming, 5, "the runner to consume")
         assert (await request(server.port, "/ready")).status == 200
         healthy = False
         ready = await request(server.port, "/ready")

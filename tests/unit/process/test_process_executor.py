@@ -28,6 +28,7 @@ from async_task_api_worker.runtime import Runner
 from async_task_api_worker.settings import load_settings
 from async_task_api_worker.testing import Outcome, WorkerHarness
 from async_task_api_worker.transports.memory import InMemoryTransport
+from tests.polling import until, wait_for
 from tests.unit.process.workers import CANARY_URL, isolated, threaded
 
 
@@ -277,10 +278,8 @@ async def test_a_fork_server_that_dies_is_replaced_or_bypassed() -> None:
     await transport.join()
     [server] = fork_servers()
     os.kill(server, signal.SIGKILL)
-    deadline = time.monotonic() + 10
-    while server in fork_servers():  # reaped by the executor once it notices
-        assert time.monotonic() < deadline, "the killed fork server is still there"
-        await asyncio.sleep(0.01)
+    # reaped by the executor once it notices
+    await until(lambda: server not in fork_servers(), 10, "the killed fork server to go")
     transport.put(task_body("t-2", {"mode": "echo", "data": 2}))
     await transport.join()
     runner.request_shutdown("test")
@@ -299,8 +298,7 @@ async def test_a_cancelled_execution_kills_the_group(tmp_path: Path) -> None:
         submitting = asyncio.ensure_future(
             harness.submit({"mode": "grandchildren", "marker": marker, "data": str(pid_file)})
         )
-        while len(processes_with(marker)) < 2:
-            await asyncio.sleep(0.05)
+        await until(lambda: len(processes_with(marker)) >= 2, 30, "the grandchildren")
         submitting.cancel()
         with pytest.raises(asyncio.CancelledError):
             await submitting
@@ -330,19 +328,17 @@ def test_a_worker_killed_with_sigkill_leaves_no_task_process(tmp_path: Path) -> 
         cwd=Path(__file__).resolve().parents[3],
     )
     try:
-        deadline = time.monotonic() + 30
-        while len(processes_with(marker)) < 2:
-            assert time.monotonic() < deadline, "the task never started its grandchildren"
-            assert worker.poll() is None
-            time.sleep(0.05)
+        wait_for(
+            lambda: worker.poll() is not None or len(processes_with(marker)) >= 2,
+            30,
+            "the task's grandchildren",
+        )
+        assert worker.poll() is None
     finally:
         worker.kill()
         worker.wait()
     # The fork server sees its control socket end and kills every task's group.
-    deadline = time.monotonic() + 10
-    while processes_with(marker):
-        assert time.monotonic() < deadline, f"left running: {processes_with(marker)}"
-        time.sleep(0.05)
+    wait_for(lambda: not processes_with(marker), 10, lambda: f"{processes_with(marker)} to end")
 
 
 async def test_results_up_to_the_report_limit_pass_and_larger_ones_are_too_large() -> None:

@@ -77,7 +77,7 @@ async def run(job: Job, ctx: TaskContext) -> Echo:  # noqa: PLR0912 - one branch
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
             )
-        time.sleep(600)
+        time.sleep(600)  # until its process group is killed, grandchildren and all
     elif job.mode == "chatty":
         print("before computing")
         value = sum(range(1000))
@@ -129,7 +129,7 @@ async def run(job: Job, ctx: TaskContext) -> Echo:  # noqa: PLR0912 - one branch
 
         (channel,) = [o for o in gc.get_objects() if isinstance(o, ChildChannel)]
         channel.send({"t": "progress", "fraction": 0.5, "payload": [1, 2]})
-        time.sleep(60)
+        time.sleep(60)  # still running after the forged message, until the timeout ends it
     elif job.mode == "bad_result":
         return {"data": object()}  # type: ignore[return-value]
     return Echo(data=job.data, pid=os.getpid())

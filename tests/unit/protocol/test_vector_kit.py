@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import zipfile
 from pathlib import Path
 
@@ -115,8 +118,50 @@ def test_the_manifest_json_is_stable() -> None:
 # ------------------------------------------------------------------------------- the accessor
 
 
-def _fake_tree(monkeypatch: pytest.MonkeyPatch, tree: object) -> None:
-    monkeypatch.setattr(golden, "_tree", lambda: tree)
+def from_zipped_package(tmp_path: Path, code: str, *, manifest: str | None = None) -> str:
+    """Run ``code`` in a new interpreter importing the package from a zip file; its stdout.
+
+    ``manifest`` replaces the shipped ``manifest.json`` in that copy of the package.
+    """
+    package = Path(golden.__file__).resolve().parents[1]
+    archive = tmp_path / "package.zip"
+    shipped = f"{package.name}/conformance/vectors/{MANIFEST_NAME}"
+    with zipfile.ZipFile(archive, "w") as zipped:
+        for path in package.rglob("*"):
+            name = path.relative_to(package.parent).as_posix()
+            if not path.is_file() or "__pycache__" in path.parts:
+                continue
+            if name == shipped and manifest is not None:
+                zipped.writestr(name, manifest)
+            else:
+                zipped.write(path, name)
+    script = (
+        f"import sys\nsys.path.insert(0, {str(archive)!r})\n"
+        "from async_task_api_worker.conformance import golden\n"
+        f"assert golden.__file__.startswith({str(archive)!r}), golden.__file__\n{code}"
+    )
+    # Coverage measures the package, not this copy of it: the new interpreter goes unmeasured.
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("COV")}
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        env=environment,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def refusal_of(tmp_path: Path, manifest: str) -> str:
+    """What ``load_manifest`` raises for ``manifest`` shipped in the package (a ValueError)."""
+    return from_zipped_package(
+        tmp_path,
+        "try:\n    golden.load_manifest()\nexcept ValueError as exc:\n    print(exc)",
+        manifest=manifest,
+    )
 
 
 def _manifest_document() -> dict[str, object]:
@@ -124,15 +169,10 @@ def _manifest_document() -> dict[str, object]:
     return document
 
 
-def test_load_manifest_refuses_another_format_version(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
+def test_load_manifest_refuses_another_format_version(tmp_path: Path) -> None:
     document = _manifest_document()
     document["format_version"] = FORMAT_VERSION + 1
-    (tmp_path / MANIFEST_NAME).write_text(json.dumps(document))
-    _fake_tree(monkeypatch, tmp_path)
-    with pytest.raises(ValueError, match="format_version 2"):
-        load_manifest()
+    assert "format_version 2" in refusal_of(tmp_path, json.dumps(document))
 
 
 @pytest.mark.parametrize(
@@ -152,37 +192,31 @@ def test_load_manifest_refuses_another_format_version(
         "id-upper-case",
     ],
 )
-def test_load_manifest_refuses_a_bad_id_or_file(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, change: dict[str, str]
-) -> None:
+def test_load_manifest_refuses_a_bad_id_or_file(tmp_path: Path, change: dict[str, str]) -> None:
     document = _manifest_document()
     vectors = document["vectors"]
     assert isinstance(vectors, list)
     vectors[0].update(change)
-    (tmp_path / MANIFEST_NAME).write_text(json.dumps(document))
-    _fake_tree(monkeypatch, tmp_path)
-    with pytest.raises(ValueError, match="001-"):
-        load_manifest()
+    refused = refusal_of(tmp_path, json.dumps(document))
+    assert refused.startswith("vector ") and "001-" in refused
 
 
-def test_load_manifest_refuses_a_manifest_of_another_shape(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
-    (tmp_path / MANIFEST_NAME).write_text('{"format_version": 1, "vectors": [{"kind": "x"}]}')
-    _fake_tree(monkeypatch, tmp_path)
-    with pytest.raises(ValueError, match="how_to_use"):
-        load_manifest()
+def test_load_manifest_refuses_a_manifest_of_another_shape(tmp_path: Path) -> None:
+    refused = refusal_of(tmp_path, '{"format_version": 1, "vectors": [{"kind": "x"}]}')
+    assert "how_to_use" in refused
 
 
-def test_vector_root_needs_the_package_on_the_file_system(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
-    archive = tmp_path / "package.zip"
-    with zipfile.ZipFile(archive, "w") as zipped:
-        zipped.writestr("vectors/manifest.json", "{}")
-    _fake_tree(monkeypatch, zipfile.Path(archive, "vectors/"))
-    with pytest.raises(RuntimeError, match="export_vectors"):
-        vector_root()
+def test_vector_root_needs_the_package_on_the_file_system(tmp_path: Path) -> None:
+    code = "try:\n    golden.vector_root()\nexcept RuntimeError as exc:\n    print(exc)"
+    assert "export_vectors" in from_zipped_package(tmp_path, code)
+
+
+def test_a_zipped_package_reads_and_exports_its_vectors(tmp_path: Path) -> None:
+    code = (
+        f"from pathlib import Path\nprint(golden.export_vectors(Path({str(tmp_path / 'out')!r})))"
+    )
+    assert from_zipped_package(tmp_path, code).strip() == str(len(MANIFEST.vectors))
+    assert (tmp_path / "out" / MANIFEST_NAME).read_bytes() == (ROOT / MANIFEST_NAME).read_bytes()
 
 
 # ------------------------------------------------------------------------------- the export

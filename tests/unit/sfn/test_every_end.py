@@ -22,6 +22,7 @@ from async_task_api_worker.sfn.protection import TaskProtection
 from async_task_api_worker.transports.sqs_sfn.codec import MAX_CAUSE_CHARS, MAX_ERROR_CHARS
 from tests.conftest import decision_records
 from tests.integration.sfn_consumer.cases import AssetRejected, CaseRequest, select
+from tests.polling import wait_for
 from tests.unit.process.test_process_executor import processes_with
 
 PAYLOAD = "PAYLOAD-do-not-echo-4411"
@@ -196,7 +197,6 @@ def test_a_worker_killed_with_sigkill_takes_its_subprocess_group_with_it() -> No
     import os
     import subprocess
     import sys
-    import time
     from pathlib import Path
 
     marker = f"atw-orphan-{uuid.uuid4().hex}"
@@ -209,20 +209,17 @@ subprocess.Popen(
      "tests.integration.sfn_consumer.case_long"],
     env=env, start_new_session=True,
 )
-time.sleep(300)
+time.sleep(300)  # alive until the test kills it, as kill -9 would
 """
     process = subprocess.Popen(
         [sys.executable, "-c", worker], cwd=Path(__file__).resolve().parents[3], env=os.environ
     )
     try:
-        deadline = time.monotonic() + 30
-        while len(processes_with(marker)) < 2:  # the subprocess's two grandchildren
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+        # the subprocess's two grandchildren
+        wait_for(lambda: len(processes_with(marker)) >= 2, 30, "two processes")
     finally:
         process.kill()  # what kill -9 or the OOM killer does to the worker
         process.wait()
-    deadline = time.monotonic() + 10
-    while processes_with(marker):
-        assert time.monotonic() < deadline, "the subprocess's group outlived its worker"
-        time.sleep(0.05)
+    wait_for(
+        lambda: not processes_with(marker), 10, "the subprocess's group to end with its worker"
+    )
