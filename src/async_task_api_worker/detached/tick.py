@@ -52,10 +52,10 @@ from async_task_api_worker.detached.sweep import SweepReport, Undeliverable, swe
 from async_task_api_worker.engine.decision import Reason
 from async_task_api_worker.engine.engine import Engine
 from async_task_api_worker.engine.verdict import Swept
-from async_task_api_worker.errors import BrokerUnavailableError
+from async_task_api_worker.errors import BrokerUnavailableError, SettingsError
 from async_task_api_worker.ports import Delivery, ExecutionRequest, Observer, Outcome, Settlement
 from async_task_api_worker.protocol.codes import ErrorCode
-from async_task_api_worker.runtime.runner import NEVER_STARTED
+from async_task_api_worker.runtime.entry import transport_for
 from async_task_api_worker.settings import WorkerSettings
 from async_task_api_worker.task_call import TaskFields, fields_of
 from async_task_api_worker.transports.rabbitmq import RabbitMQTransport
@@ -288,16 +288,12 @@ async def run_tick(
             keep_free_s,
         )
     state_dir = Path(state_dir)
-    transport = RabbitMQTransport(
-        urls=settings.broker_urls(),
-        in_queue=settings.in_queue(worker.name),
-        out_queue=settings.out_queue(worker.name),
-        prefetch=1,
-        service=worker.name,
-        heartbeat_s=settings.broker_heartbeat_s,
-        connect_timeout_s=10.0,
-        max_body_bytes=settings.worker_max_message_bytes,
-    )
+    # One delivery at a time (prefetch 1); the tick bounds the connect itself, below.
+    transport = transport_for(worker, settings.model_copy(update={"worker_concurrency": 1}))
+    if not isinstance(transport, RabbitMQTransport):  # its sweep reports with report_only
+        raise SettingsError(
+            "invalid setting WORKER_TRANSPORT: the tick command runs on RabbitMQ (rabbitmq)"
+        )
     executor = DetachedExecutor(state_dir, target)
     hold_s = hold_for(keep_free_s)
     # The tick's engine holds a report only as long as the tick may: as if the broker timed
@@ -333,7 +329,7 @@ async def run_tick(
                 taken += 1
                 report.record(await engine.handle(delivery))
         for never_started in await transport.stop_consuming():
-            await engine.give_back(never_started, NEVER_STARTED)
+            await engine.give_back(never_started, Reason.NEVER_STARTED)
     finally:
         with contextlib.suppress(Exception):
             async with asyncio.timeout(CLOSE_TIMEOUT_S):

@@ -31,6 +31,7 @@ from async_task_api_worker.engine.admission import (
     attempt_of,
 )
 from async_task_api_worker.engine.cancels import CancelBook, Cancels
+from async_task_api_worker.engine.decision import Reason
 from async_task_api_worker.engine.execution import StopSignal, confirming, execute
 from async_task_api_worker.engine.progress import ProgressThrottle
 from async_task_api_worker.engine.reporting import DeliveryReporter
@@ -179,7 +180,7 @@ class Engine:
                 span.ended(settlement)
             return settlement
 
-    async def give_back(self, delivery: Delivery, reason: str) -> Settlement:
+    async def give_back(self, delivery: Delivery, reason: Reason) -> Settlement:
         """Give back a delivery the runtime never started (``shutdown_requeued``, ``reason``).
 
         It goes back without counting an attempt, with its decision line and metrics.

@@ -77,7 +77,7 @@ class GivenBack:
     """
 
     outcome: Outcome
-    reason: str | None = None
+    reason: Reason | None = None
 
 
 @dataclass(frozen=True, slots=True)

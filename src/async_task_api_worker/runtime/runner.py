@@ -15,10 +15,10 @@ import contextlib
 import logging
 from collections.abc import Iterable, Sequence
 from enum import StrEnum
-from typing import Final
 
 from async_task_api_worker.definition import Worker
 from async_task_api_worker.engine import Engine, StopSignal
+from async_task_api_worker.engine.decision import Reason
 from async_task_api_worker.errors import TransportError
 from async_task_api_worker.executors import executor_for
 from async_task_api_worker.observability.metrics import WorkerMetrics
@@ -39,10 +39,6 @@ from async_task_api_worker.settings import WorkerMode, WorkerSettings
 __all__ = ["Runner", "RunnerState"]
 
 _logger = logging.getLogger("async_task_api_worker.runtime")
-
-#: The decision line's ``reason`` for a delivery in hand that the runner never started (it
-#: stopped taking work while the delivery waited for a free slot).
-NEVER_STARTED: Final = "never_started"
 
 
 class RunnerState(StrEnum):
@@ -303,7 +299,7 @@ class Runner:
                     await self._slots.acquire()
                 except asyncio.CancelledError:
                     # In hand but never started: given back without burning an attempt.
-                    await self._engine.give_back(delivery, NEVER_STARTED)
+                    await self._engine.give_back(delivery, Reason.NEVER_STARTED)
                     raise
                 task = asyncio.ensure_future(self._handle(delivery))
                 self._in_flight.add(task)
@@ -332,7 +328,7 @@ class Runner:
                 self._transport.stop_consuming(), timeout=STOP_CONSUMING_MIN_S
             )
         for delivery in left:
-            await self._engine.give_back(delivery, NEVER_STARTED)
+            await self._engine.give_back(delivery, Reason.NEVER_STARTED)
 
     async def _handle(self, delivery: Delivery) -> None:
         try:

@@ -6,12 +6,17 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from async_task_api_worker.conclusion import Failure
 from async_task_api_worker.detached.state import write_atomically
-from async_task_api_worker.detached.tick import DetachedExecutor, TickReport, _sweep
+from async_task_api_worker.detached.tick import DetachedExecutor, TickReport, _sweep, run_tick
 from async_task_api_worker.engine.verdict import Swept
+from async_task_api_worker.errors import SettingsError
 from async_task_api_worker.ports import Action, Delivery, Outcome, Settlement
+from async_task_api_worker.settings import load_settings
 from async_task_api_worker.transports.memory import InMemoryTransport
+from examples.count_words import worker as count_words
 
 
 def test_any_state_file_of_a_task_says_it_was_handed_out(tmp_path: Path) -> None:
@@ -82,3 +87,18 @@ def test_a_forged_sdk_code_in_a_result_is_an_invalid_result() -> None:
     assert isinstance(forged, Failure) and forged.code == "INVALID_RESULT"
     died = _conclusion_of({"ok": False, "error": {"code": "WORKER_DIED", "message": "x"}})
     assert died == Failure("WORKER_DIED", "x")
+
+
+async def test_a_tick_on_another_transport_than_rabbitmq_is_a_setting_error(
+    tmp_path: Path,
+) -> None:
+
+    settings = load_settings(
+        {
+            "WORKER_TRANSPORT": "sqs-sfn",
+            "SQS_QUEUE_URL": "https://sqs.us-east-1.amazonaws.com/000000000000/q",
+        },
+        read_environment=False,
+    )
+    with pytest.raises(SettingsError, match="the tick command runs on RabbitMQ"):
+        await run_tick(count_words, "examples.count_words:worker", settings, tmp_path, budget_s=5.0)

@@ -15,6 +15,7 @@ from pydantic import BaseModel
 
 from async_task_api_worker import RetryableError, TaskContext, Worker
 from async_task_api_worker.engine import Engine
+from async_task_api_worker.engine.decision import Reason
 from async_task_api_worker.errors import (
     BrokerRefusedError,
     BrokerUnavailableError,
@@ -668,7 +669,7 @@ async def test_a_stop_during_pickup_returns_the_delivery_for_the_engines_give_ba
     engine = Engine(
         flaky_worker(), load_settings({}, read_environment=False), transport, InlineExecutor()
     )
-    settled = await engine.give_back(left, "never_started")
+    settled = await engine.give_back(left, Reason.NEVER_STARTED)
     assert (settled.outcome.value, settled.reason) == ("shutdown_requeued", "never_started")
     (line,) = decision_records(decisions)
     assert line.getMessage().endswith("attempt=1/1 reason=never_started")
