@@ -606,10 +606,8 @@ async def test_a_delete_that_failed_is_tried_again_and_its_copy_is_not_run_twice
     await transport.close()
 
 
-async def test_a_stop_during_pickup_hands_the_task_back_to_step_functions() -> None:
-    aws = FakeAws([token_body("a"), token_body("b")])
-    transport = transport_on(aws, prefetch=2)
-    await transport.connect()
+def slow_deletes(aws: FakeAws) -> tuple[asyncio.Event, asyncio.Event]:
+    """Make every delete hang until released: (set when a delete starts, the release)."""
     deleting, release_delete = asyncio.Event(), asyncio.Event()
     loop = asyncio.get_running_loop()
     original = aws.delete_message
@@ -620,6 +618,15 @@ async def test_a_stop_during_pickup_hands_the_task_back_to_step_functions() -> N
         original(**arguments)
 
     aws.delete_message = slow_delete  # type: ignore[method-assign]
+    return deleting, release_delete
+
+
+async def test_a_stop_during_pickup_hands_the_task_back_to_step_functions() -> None:
+    aws = FakeAws([token_body("a"), token_body("b")])
+    transport = transport_on(aws, prefetch=2)
+    await transport.connect()
+    deleting, release_delete = slow_deletes(aws)
+    loop = asyncio.get_running_loop()
     handed_back = asyncio.Event()
     failing = aws.send_task_failure
 
@@ -648,16 +655,7 @@ async def test_a_stop_during_pickup_returns_the_delivery_for_the_engines_give_ba
     aws = FakeAws([token_body("a"), token_body("b")])
     transport = transport_on(aws, prefetch=2)
     await transport.connect()
-    deleting, release_delete = asyncio.Event(), asyncio.Event()
-    loop = asyncio.get_running_loop()
-    original = aws.delete_message
-
-    def slow_delete(**arguments: Any) -> None:
-        loop.call_soon_threadsafe(deleting.set)
-        asyncio.run_coroutine_threadsafe(release_delete.wait(), loop).result(5)
-        original(**arguments)
-
-    aws.delete_message = slow_delete  # type: ignore[method-assign]
+    deleting, release_delete = slow_deletes(aws)
     consumer = asyncio.ensure_future(take(transport, 2))
     await asyncio.wait_for(deleting.wait(), 5)
     stopping = asyncio.ensure_future(transport.stop_consuming())
