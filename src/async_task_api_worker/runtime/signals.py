@@ -16,6 +16,7 @@ a second request, and would have skipped the grace period.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import logging
 import signal
@@ -101,8 +102,8 @@ def shutdown_on_signals(
     finally:
         for number in (*_SIGNALS, *once):
             loop.remove_signal_handler(number)
-        for number, last in counted_at.items():
-            _ignore_a_late_echo(number, last, clock)
+            if number in counted_at:  # at once: an echo in between would be KeyboardInterrupt
+                _ignore_a_late_echo(number, counted_at[number], clock)
 
 
 def _ignore_a_late_echo(number: signal.Signals, last: float, clock: Callable[[], float]) -> None:
@@ -121,4 +122,13 @@ def _ignore_a_late_echo(number: signal.Signals, last: float, clock: Callable[[],
         signal.signal(number, previous)
         signal.raise_signal(number)
 
+    def at_exit() -> None:
+        # The interpreter puts back the default action of every signal with a Python handler
+        # as it finalizes (after the atexit callbacks): an echo that came then ended the process
+        # by the signal (uv run said 130) instead of its exit code. Ignored at the OS level, the
+        # handler is left alone.
+        if signal.getsignal(number) is late and clock() - last < LATE_ECHO_WINDOW_S:
+            signal.signal(number, signal.SIG_IGN)
+
     signal.signal(number, late)
+    atexit.register(at_exit)
