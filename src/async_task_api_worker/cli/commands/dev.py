@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import stat
 import sys
 import threading
 from collections.abc import Mapping
@@ -109,19 +110,38 @@ def _say_unstarted(transport: InMemoryTransport) -> None:
 
 
 def _read_lines(source: IO[str]) -> asyncio.Queue[str | None]:
-    """Read ``source`` on a daemon thread (a blocked stdin must not hold the process open)."""
+    """The lines of ``source``, then ``None``.
+
+    A regular file never blocks: it is read at once, so every task of it is queued before the
+    first one can report. Anything else (a pipe, a terminal) is read on a daemon thread: a
+    blocked stdin must not hold the process open.
+    """
     loop = asyncio.get_running_loop()
     lines: asyncio.Queue[str | None] = asyncio.Queue()
+    if _is_regular_file(source):
+        for line in source:
+            lines.put_nowait(line)
+        lines.put_nowait(None)
+        return lines
 
     def read() -> None:
         # The loop may be gone (dev stopped early) or the file closed under us: end quietly.
         with contextlib.suppress(RuntimeError, ValueError, OSError):
-            for line in iter(source.readline, ""):
-                loop.call_soon_threadsafe(lines.put_nowait, line)
-            loop.call_soon_threadsafe(lines.put_nowait, None)
+            try:
+                for line in iter(source.readline, ""):
+                    loop.call_soon_threadsafe(lines.put_nowait, line)
+            finally:  # an unreadable input ends the input: dev must not wait for more
+                loop.call_soon_threadsafe(lines.put_nowait, None)
 
     threading.Thread(target=read, name="dev-input", daemon=True).start()
     return lines
+
+
+def _is_regular_file(source: IO[str]) -> bool:
+    try:
+        return stat.S_ISREG(os.fstat(source.fileno()).st_mode)
+    except (OSError, ValueError):  # no descriptor (a StringIO) or a closed one
+        return False
 
 
 async def _feed(
@@ -167,7 +187,8 @@ def dev_command(target: str, path: str, *, flags: Mapping[str, str] | None = Non
     if path == "-":
         return asyncio.run(_serve(worker, settings, sys.stdin))
     try:
-        source = open(path, encoding="utf-8")  # noqa: SIM115 - closed below
+        # A byte that is not UTF-8 makes its line not JSON (refused, skipped), not an error.
+        source = open(path, encoding="utf-8", errors="surrogateescape")  # noqa: SIM115 - closed below
     except OSError as exc:
         say_error(f"cannot read {path}: {exc.strerror}")
         return ExitCode.CONFIG
