@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 from async_task_api_worker.errors import BrokerUnavailableError, PublishError
 from async_task_api_worker.observability.redaction import redact_url
 from async_task_api_worker.transports.rabbitmq import RabbitMQTransport
-from async_task_api_worker.transports.rabbitmq._errors import publish_errors
 from async_task_api_worker.transports.rabbitmq.delivery import delivery_count_of
+from async_task_api_worker.transports.rabbitmq.failures import publish_errors
 from async_task_api_worker.transports.rabbitmq.link import with_heartbeat
 from async_task_api_worker.transports.rabbitmq.topology import inequivalent_argument
 

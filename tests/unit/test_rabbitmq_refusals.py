@@ -6,7 +6,7 @@ import aiormq
 import pytest
 
 from async_task_api_worker.errors import BrokerRefusedError, TransportError
-from async_task_api_worker.transports.rabbitmq._errors import refused, setup_error
+from async_task_api_worker.transports.rabbitmq.failures import refused, setup_error
 
 NO_OPEN_OK = aiormq.exceptions.InvalidFrameError(
     "Expected one of ['Connection.OpenOk'], got <Connection.Close object at 0x7f>"

@@ -11,12 +11,24 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Final
 
-from async_task_api_worker.conclusion import Conclusion, Failure, conclusion_to_json
+from async_task_api_worker.conclusion import (
+    Conclusion,
+    Failure,
+    conclusion_from_json,
+    conclusion_to_json,
+)
 from async_task_api_worker.detached.state import INPUT_SUFFIX, Clocks, Marker, read_json
 from async_task_api_worker.protocol.codes import ErrorCode
 from async_task_api_worker.task_call import task_timeout
 
-__all__ = ["RECOVERED_META", "expiry", "recovered_meta", "result_file"]
+__all__ = [
+    "DETACHED_CODES",
+    "RECOVERED_META",
+    "detached_conclusion",
+    "expiry",
+    "recovered_meta",
+    "result_file",
+]
 
 #: The fields of ``<id>.input``'s ``context`` (``tick``'s) recovered as a lost marker's meta.
 RECOVERED_META: Final = ("task_id", "client_id", "attempt", "delivery_limit")
@@ -53,3 +65,28 @@ def expiry(marker: Marker, alive: bool, clocks: Clocks) -> Failure:
     else:
         why = f"the detached worker died without a result (deadline {deadline})"
     return Failure(ErrorCode.WORKER_DIED, why)
+
+
+#: The SDK's own codes a detached result may carry: the task call's in the worker, its
+#: watchdog's ``TASK_TIMEOUT``, and the sweep's expiries.
+DETACHED_CODES: Final = frozenset(
+    {
+        ErrorCode.INTERNAL_ERROR,
+        ErrorCode.INVALID_RESULT,
+        ErrorCode.TASK_TIMEOUT,
+        ErrorCode.WORKER_DIED,
+    }
+)
+
+
+def detached_conclusion(result: dict[str, Any]) -> Conclusion:
+    """The conclusion of a detached worker's result file (the one conclusion JSON).
+
+    Only the codes a detached worker, its watchdog and the sweep may give are the SDK's own
+    (``DETACHED_CODES``): another reserved code is the result's own error, and a result that
+    is not a conclusion is ``INVALID_RESULT``.
+    """
+    try:
+        return conclusion_from_json(result, sdk_codes=DETACHED_CODES)
+    except ValueError as exc:
+        return Failure(ErrorCode.INVALID_RESULT, f"the detached worker's result is invalid: {exc}")

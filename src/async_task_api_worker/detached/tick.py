@@ -33,13 +33,11 @@ from pathlib import Path
 from typing import Any, Final
 
 from async_task_api_worker.conclusion import (
-    Conclusion,
     ExecutionResult,
-    Failure,
     HandedOff,
-    conclusion_from_json,
 )
 from async_task_api_worker.definition import Worker
+from async_task_api_worker.detached.outcomes import detached_conclusion
 from async_task_api_worker.detached.spawn import spawn_detached
 from async_task_api_worker.detached.state import (
     CLAIMED,
@@ -54,13 +52,19 @@ from async_task_api_worker.engine.engine import Engine
 from async_task_api_worker.engine.verdict import Swept
 from async_task_api_worker.errors import BrokerUnavailableError, SettingsError
 from async_task_api_worker.ports import Delivery, ExecutionRequest, Observer, Outcome, Settlement
-from async_task_api_worker.protocol.codes import ErrorCode
 from async_task_api_worker.runtime.entry import transport_for
 from async_task_api_worker.settings import WorkerSettings
 from async_task_api_worker.task_call import TaskFields, fields_of
 from async_task_api_worker.transports.rabbitmq import RabbitMQTransport
 
-__all__ = ["DetachedExecutor", "TickReport", "hold_for", "margin_for", "run_tick"]
+__all__ = [
+    "DetachedExecutor",
+    "TickReport",
+    "hold_for",
+    "margin_for",
+    "run_tick",
+    "sweep_and_report",
+]
 
 _logger = logging.getLogger("async_task_api_worker.detached")
 
@@ -204,25 +208,6 @@ class _ResultNotReported(Exception):
     """The broker did not take a swept result's report: the sweep keeps the file and stops."""
 
 
-#: The SDK's own codes a detached result may carry: the task call's in the worker, its
-#: watchdog's ``TASK_TIMEOUT``, and the sweep's expiries.
-_DETACHED_CODES: Final = frozenset(
-    {
-        ErrorCode.INTERNAL_ERROR,
-        ErrorCode.INVALID_RESULT,
-        ErrorCode.TASK_TIMEOUT,
-        ErrorCode.WORKER_DIED,
-    }
-)
-
-
-def _conclusion_of(result: dict[str, Any]) -> Conclusion:
-    try:
-        return conclusion_from_json(result, sdk_codes=_DETACHED_CODES)
-    except ValueError as exc:
-        return Failure(ErrorCode.INVALID_RESULT, f"the detached worker's result is invalid: {exc}")
-
-
 async def _report_swept(
     engine: Engine,
     service: str,
@@ -242,7 +227,7 @@ async def _report_swept(
     except (TypeError, ValueError) as exc:
         raise Undeliverable(f"meta that cannot be read ({type(exc).__name__})") from exc
     return await engine.report_swept(
-        Swept(_conclusion_of(result), reason),
+        Swept(detached_conclusion(result), reason),
         via=via,
         task_id=str(meta["task_id"]),
         client_id=None if client_id is None else str(client_id),
@@ -316,7 +301,7 @@ async def run_tick(
             "at most)"
         ) from None
     try:
-        report.swept = await _sweep(
+        report.swept = await sweep_and_report(
             engine, worker.name, state_dir, hold_s, report, via=transport.report_only()
         )
         if report.ok:
@@ -339,7 +324,7 @@ async def run_tick(
     return report
 
 
-async def _sweep(
+async def sweep_and_report(
     engine: Engine,
     service: str,
     state_dir: Path,
@@ -348,9 +333,14 @@ async def _sweep(
     *,
     via: Delivery,
 ) -> SweepReport:
-    """Sweep in a thread; each result goes out through the engine on this loop.
+    """Sweep ``state_dir`` in a thread; each result goes out through the engine on this loop.
 
-    ``via`` is the delivery that carries the reports (and settles nothing).
+    ``via`` is the delivery that carries the reports (and settles nothing); ``hold_s`` bounds
+    each report's hold, in seconds. A result the broker did not take stops the sweep, its
+    file kept for the next tick (``report`` says so).
+
+    Returns:
+        What went out, also when the sweep stopped half-way.
     """
     loop = asyncio.get_running_loop()
 

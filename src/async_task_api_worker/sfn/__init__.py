@@ -18,7 +18,7 @@ from async_task_api_worker.sfn.errors import (
 from async_task_api_worker.sfn.handler import run_handler
 from async_task_api_worker.sfn.request import ErrorOutput, NonEmptyStr, WorkerRequest
 from async_task_api_worker.sfn.worker import Worker
-from async_task_api_worker.transports.sqs_sfn import _aws  # noqa: F401 - fails early without boto3
+from async_task_api_worker.transports.sqs_sfn import aws  # noqa: F401 - fails early without boto3
 
 __all__ = [
     "AbortedStaleTask",

@@ -9,8 +9,14 @@ from typing import Any
 import pytest
 
 from async_task_api_worker.conclusion import Failure
+from async_task_api_worker.detached.outcomes import detached_conclusion
 from async_task_api_worker.detached.state import write_atomically
-from async_task_api_worker.detached.tick import DetachedExecutor, TickReport, _sweep, run_tick
+from async_task_api_worker.detached.tick import (
+    DetachedExecutor,
+    TickReport,
+    run_tick,
+    sweep_and_report,
+)
 from async_task_api_worker.engine.verdict import Swept
 from async_task_api_worker.errors import SettingsError
 from async_task_api_worker.ports import Action, Delivery, Outcome, Settlement
@@ -54,7 +60,7 @@ async def test_a_sweep_that_stops_half_way_keeps_what_it_delivered(tmp_path: Pat
         write_atomically(tmp_path / f"{task_id}.json", json.dumps(result).encode())
     engine, report = FakeEngine(), TickReport()
     via = InMemoryTransport().report_only()
-    swept = await _sweep(engine, "svc", tmp_path, 1.0, report, via=via)  # type: ignore[arg-type]
+    swept = await sweep_and_report(engine, "svc", tmp_path, 1.0, report, via=via)  # type: ignore[arg-type]
     assert engine.via == [via, via]  # each report goes out on the delivery given
     assert swept.delivered == ["a-1"]
     assert not report.ok and "a-2" in report.problems[0]
@@ -68,7 +74,7 @@ async def test_a_result_whose_state_was_lost_is_reported_under_the_queues_limit(
     write_atomically(tmp_path / "b-1.json", json.dumps(failure).encode())
     engine = FakeEngine()
     via = InMemoryTransport().report_only()
-    await _sweep(engine, "svc", tmp_path, 1.0, TickReport(), via=via)  # type: ignore[arg-type]
+    await sweep_and_report(engine, "svc", tmp_path, 1.0, TickReport(), via=via)  # type: ignore[arg-type]
     assert engine.calls == [
         {
             "task_id": "b-1",
@@ -81,11 +87,10 @@ async def test_a_result_whose_state_was_lost_is_reported_under_the_queues_limit(
 
 
 def test_a_forged_sdk_code_in_a_result_is_an_invalid_result() -> None:
-    from async_task_api_worker.detached.tick import _conclusion_of
 
-    forged = _conclusion_of({"ok": False, "error": {"code": "POISON_MESSAGE", "message": "x"}})
+    forged = detached_conclusion({"ok": False, "error": {"code": "POISON_MESSAGE", "message": "x"}})
     assert isinstance(forged, Failure) and forged.code == "INVALID_RESULT"
-    died = _conclusion_of({"ok": False, "error": {"code": "WORKER_DIED", "message": "x"}})
+    died = detached_conclusion({"ok": False, "error": {"code": "WORKER_DIED", "message": "x"}})
     assert died == Failure("WORKER_DIED", "x")
 
 

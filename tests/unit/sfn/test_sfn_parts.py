@@ -32,7 +32,7 @@ from async_task_api_worker.sfn.levels import ExceptionLevels
 from async_task_api_worker.sfn.protection import TaskProtection
 from async_task_api_worker.sfn.worker import Worker
 from async_task_api_worker.transports.sqs_sfn import ProtectionLease, SqsSfnTransport
-from async_task_api_worker.transports.sqs_sfn._aws import StaleTokenError, StepFunctionsApi
+from async_task_api_worker.transports.sqs_sfn.aws import StaleTokenError, StepFunctionsApi
 
 REPO = Path(__file__).resolve().parents[3]
 SFN = REPO / "src" / "async_task_api_worker" / "sfn"

@@ -38,7 +38,7 @@ from async_task_api_worker.settings import load_settings
 from async_task_api_worker.sfn.protection import TaskProtection
 from async_task_api_worker.transports.memory import InMemoryTransport
 from async_task_api_worker.transports.sqs_sfn import GIVEN_BACK_ERROR, SqsSfnTransport
-from async_task_api_worker.transports.sqs_sfn._aws import (
+from async_task_api_worker.transports.sqs_sfn.aws import (
     QueueRefusedError,
     StepFunctionsApi,
     make_clients,

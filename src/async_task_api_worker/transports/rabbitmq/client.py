@@ -31,7 +31,7 @@ from async_task_api_worker.errors import (
 )
 from async_task_api_worker.protocol.reports import MessageProperties
 from async_task_api_worker.settings import split_broker_urls
-from async_task_api_worker.transports.rabbitmq._errors import (
+from async_task_api_worker.transports.rabbitmq.failures import (
     CHANNEL_GONE,
     is_refusal,
     publish_errors,

@@ -26,8 +26,8 @@ from async_task_api_worker.errors import EnvelopeDecodeError, PublishError, Sett
 from async_task_api_worker.ports import Delivery
 from async_task_api_worker.protocol.envelope import DELIVERY_COUNT_HEADER, Envelope
 from async_task_api_worker.protocol.reports import EncodedReport
-from async_task_api_worker.transports.rabbitmq._errors import settle_errors
 from async_task_api_worker.transports.rabbitmq.acks import ChannelSettles, Settle
+from async_task_api_worker.transports.rabbitmq.failures import settle_errors
 from async_task_api_worker.transports.rabbitmq.reports import ReportPublisher, ReportTrail
 
 __all__ = ["RabbitDelivery", "delivery_count_of"]

@@ -35,7 +35,7 @@ from yarl import URL
 from async_task_api_worker.errors import BrokerUnavailableError
 from async_task_api_worker.observability.redaction import redact_url
 from async_task_api_worker.settings import SILENT_HEARTBEATS_TO_DEAD
-from async_task_api_worker.transports.rabbitmq._errors import is_refusal, refused
+from async_task_api_worker.transports.rabbitmq.failures import is_refusal, refused
 
 __all__ = ["ATTEMPT_TIMEOUT_S", "BrokerLink"]
 

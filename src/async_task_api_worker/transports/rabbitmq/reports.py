@@ -22,7 +22,7 @@ from aio_pika.abc import AbstractChannel
 from async_task_api_worker.errors import MessageTooLargeError, PublishError
 from async_task_api_worker.protocol.codes import ReportType
 from async_task_api_worker.protocol.reports import EncodedReport
-from async_task_api_worker.transports.rabbitmq._errors import publish_errors, size_limit_of
+from async_task_api_worker.transports.rabbitmq.failures import publish_errors, size_limit_of
 from async_task_api_worker.transports.rabbitmq.link import BrokerLink
 
 __all__ = ["REFUSALS_PER_CHANNEL", "REFUSALS_PER_CONNECTION", "ReportPublisher", "ReportTrail"]

@@ -1,7 +1,7 @@
 """The RabbitMQ transport: consume deliveries (``delivery``: their reports and settles).
 
 This package is the only place that imports aio-pika; every exception it raises is translated
-into the SDK's own in ``_errors``.
+into the SDK's own in ``failures``.
 
 When a channel closes (connection loss, consumer timeout, a precondition failure) the broker
 requeues its unacked deliveries itself. Their handlers are cancelled, since another attempt is
@@ -26,10 +26,10 @@ from async_task_api_worker.errors import (
 )
 from async_task_api_worker.ports import Delivery
 from async_task_api_worker.protocol.envelope import DEFAULT_MAX_BODY_BYTES, read_envelope
-from async_task_api_worker.transports.rabbitmq._errors import CHANNEL_GONE, setup_error
 from async_task_api_worker.transports.rabbitmq.acks import ChannelSettles, Settle
 from async_task_api_worker.transports.rabbitmq.control import listen_for_cancels
 from async_task_api_worker.transports.rabbitmq.delivery import RabbitDelivery, delivery_count_of
+from async_task_api_worker.transports.rabbitmq.failures import CHANNEL_GONE, setup_error
 from async_task_api_worker.transports.rabbitmq.link import BrokerLink
 from async_task_api_worker.transports.rabbitmq.reports import ReportPublisher
 from async_task_api_worker.transports.rabbitmq.topology import declare_queue, queue_type

@@ -22,7 +22,7 @@ from async_task_api_worker.errors import (
     SettleError,
     TransportError,
 )
-from async_task_api_worker.transports.sqs_sfn._aws import QueueRefusedError, SqsApi
+from async_task_api_worker.transports.sqs_sfn.aws import QueueRefusedError, SqsApi
 
 __all__ = ["CONNECT_BACKOFF_MAX_S", "RECEIVE_BACKOFF_S", "Receiver", "delete", "reach"]
 

@@ -25,7 +25,7 @@ from async_task_api_worker.errors import PublishError, SettleError
 from async_task_api_worker.ports import Delivery
 from async_task_api_worker.protocol.codes import ReportType
 from async_task_api_worker.protocol.reports import EncodedReport
-from async_task_api_worker.transports.sqs_sfn._aws import (
+from async_task_api_worker.transports.sqs_sfn.aws import (
     QueueRefusedError,
     StaleTokenError,
     StepFunctionsApi,

@@ -11,7 +11,7 @@ Seed 000's invariants, kept here so that the engine runs unchanged:
 - **Protection wraps the handling.** It is held from pickup until the delivery is released,
   after its settle.
 
-boto3 is imported by :mod:`._aws` alone; its calls block, so they run on a small thread pool of
+boto3 is imported by :mod:`.aws` alone; its calls block, so they run on a small thread pool of
 the transport's own.
 """
 
@@ -30,7 +30,7 @@ from async_task_api_worker.errors import (
 )
 from async_task_api_worker.observability.redaction import exception_type_name
 from async_task_api_worker.ports import Delivery
-from async_task_api_worker.transports.sqs_sfn._aws import (
+from async_task_api_worker.transports.sqs_sfn.aws import (
     QueueRefusedError,
     SqsApi,
     StepFunctionsApi,
