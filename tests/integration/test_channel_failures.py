@@ -24,14 +24,26 @@ def transport_for(queues: Queues) -> RabbitMQTransport:
     )
 
 
-async def close_consume_channel(transport: RabbitMQTransport) -> None:
-    """Make the broker close the consume channel, as a consumer timeout would
-    (here: ``PRECONDITION_FAILED - unknown delivery tag``)."""
-    channel = transport._consume_channel
-    assert channel is not None
-    await channel.ready()  # type: ignore[attr-defined]
-    raw = await channel.get_underlay_channel()
-    await raw.basic_ack(999_999)
+#: Every channel of the worker's consuming connection (named ``worker worker``: the service's
+#: ``worker``) in the test's vhost acks a delivery tag it never had, as if its client had: the
+#: broker closes it with ``PRECONDITION_FAILED - unknown delivery tag``, as it closes a channel
+#: whose consumer timed out. RabbitMQ 3.10 has no outside command that closes one channel.
+CLOSE_CONSUME_CHANNEL = """
+[rabbit_channel:do(P, {'basic.ack', 999999, false})
+ || P <- rabbit_channel:list(),
+    [{vhost, V}, {connection, C}] <- [rabbit_channel:info(P, [vhost, connection])],
+    V =:= <<"%(vhost)s">>,
+    [{client_properties, Props}] <- [rabbit_reader:info(C, [client_properties])],
+    {_, longstr, <<"worker worker">>} <- [lists:keyfind(<<"connection_name">>, 1, Props)]].
+"""
+
+
+async def close_consume_channel(queues: Queues) -> None:
+    """Make the broker close the worker's consume channel, as a consumer timeout would."""
+    closed = await asyncio.to_thread(
+        rabbitmqctl, "eval", CLOSE_CONSUME_CHANNEL % {"vhost": queues.vhost}
+    )
+    assert closed.strip() == "[ok]", closed  # one channel: the consume channel
 
 
 async def test_a_closed_channel_is_reopened_and_the_consumer_restored(
@@ -43,7 +55,7 @@ async def test_a_closed_channel_is_reopened_and_the_consumer_restored(
     async with queues.client("count-words") as client:
         first = await client.submit({"text": "before"})
         assert (await collect(client, first))[-1].type == "success"
-        await close_consume_channel(transport)
+        await close_consume_channel(queues)
         second = await client.submit({"text": "after the channel closed"})
         assert (await collect(client, second))[-1].type == "success"
     runner.request_shutdown("test")
@@ -88,7 +100,7 @@ async def test_a_channel_that_keeps_closing_stops_the_worker_with_failure(queues
         # The consumer started (a close before is another test).
         await until(lambda: transport.consuming, 30, "the consumer to start")
         for closes in range(1, MAX_CHANNEL_FAILURES + 1):
-            await close_consume_channel(transport)
+            await close_consume_channel(queues)
             await asyncio.wait_for(closed.reach(closes), timeout=30)
             if closes < MAX_CHANNEL_FAILURES:
                 await asyncio.wait_for(reopened.reach(closes), timeout=30)
@@ -109,7 +121,7 @@ async def test_a_channel_closed_while_the_consumer_starts_is_consumed_again(
     try:
         deliveries = transport.deliveries()
         first = asyncio.ensure_future(anext(deliveries))
-        await close_consume_channel(transport)  # before the consumer's task has even run
+        await close_consume_channel(queues)  # before the consumer's task has even run
         async with queues.client("count-words") as client:
             task_id = await client.submit({"text": "after the close"})
             delivery = await asyncio.wait_for(first, timeout=30)
@@ -138,7 +150,7 @@ async def test_a_channel_the_broker_will_not_restore_ends_the_worker_not_idles_i
     try:
         await until(lambda: transport.consuming, 30, "the consumer to start")
         rabbitmqctl("set_permissions", "-p", queues.vhost, BROKER_USER, ".*", ".*", "^$")
-        await close_consume_channel(transport)
+        await close_consume_channel(queues)
         assert await asyncio.wait_for(serving, timeout=30) is ExitCode.FAILURE
     finally:
         rabbitmqctl("set_permissions", "-p", queues.vhost, BROKER_USER, ".*", ".*", ".*")
