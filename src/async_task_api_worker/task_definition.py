@@ -134,6 +134,14 @@ def read_task(function: Callable[..., Any], timeout_s: float) -> TaskDefinition:
     context_annotation = hints.get(context_param.name)
     # An identity check on purpose: a subclass or an Annotated wrapper would hide what the SDK
     # really passes (seed, "Declaring a worker").
+    if (
+        context_annotation is not expected_context
+        and hints.get(input_param.name) is expected_context
+    ):
+        raise ContextParameterError(
+            f"task handler {name}: the parameters are the wrong way round: the signature is "
+            f"(task_input: <a pydantic model>, ctx: {expected_context.__name__})"
+        )
     if context_annotation is not expected_context:
         raise ContextParameterError(
             f"task handler {name}: parameter {context_param.name!r} must be annotated exactly "

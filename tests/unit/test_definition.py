@@ -152,6 +152,19 @@ def test_a_def_handler_with_an_async_context_is_refused() -> None:
     assert one_line(error).endswith("exactly SyncTaskContext (a plain def handler)")
 
 
+def test_swapped_parameters_are_named_the_wrong_way_round() -> None:
+    with pytest.raises(ContextParameterError) as error:
+
+        @Worker("svc").task(timeout=1)
+        async def handle(ctx: TaskContext, task_input: In) -> Out:  # type: ignore[type-var]
+            return Out(value=1)
+
+    assert one_line(error).endswith(
+        "the parameters are the wrong way round: the signature is "
+        "(task_input: <a pydantic model>, ctx: TaskContext)"
+    )
+
+
 def test_a_context_subclass_is_refused() -> None:
     with pytest.raises(ContextParameterError):
 

@@ -6,7 +6,7 @@ import aiormq
 import pytest
 
 from async_task_api_worker.errors import BrokerRefusedError, TransportError
-from async_task_api_worker.transports.rabbitmq.failures import refused, setup_error
+from async_task_api_worker.transports.rabbitmq.failures import connect_failure, refused, setup_error
 
 NO_OPEN_OK = aiormq.exceptions.InvalidFrameError(
     "Expected one of ['Connection.OpenOk'], got <Connection.Close object at 0x7f>"
@@ -49,3 +49,11 @@ def test_a_queue_refusal_is_refused_and_any_other_set_up_failure_a_transport_err
     other = setup_error(aiormq.exceptions.ChannelNotFoundEntity("NOT_FOUND"), "amqp://h/")
     assert type(other) is TransportError
     assert str(other) == "could not set up the queues: ChannelNotFoundEntity"
+
+
+def test_a_failed_connect_says_the_systems_reason_beside_the_exceptions_type() -> None:
+    refused_socket = ConnectionRefusedError(111, "Connection refused")
+    wrapped = aiormq.exceptions.AMQPConnectionError(111, "Connect call failed")
+    wrapped.__cause__ = refused_socket
+    assert connect_failure(wrapped) == "AMQPConnectionError: Connection refused"
+    assert connect_failure(TimeoutError()) == "TimeoutError"  # no reason of the system's

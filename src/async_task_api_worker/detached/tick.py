@@ -297,7 +297,7 @@ async def run_tick(
             await transport.connect()
     except TimeoutError:
         raise BrokerUnavailableError(
-            f"the broker did not answer within {connect_s:g} s (a third of the budget, 10 s "
+            f"the broker did not answer within {connect_s:.3g} s (a third of the budget, 10 s "
             "at most)"
         ) from None
     try:

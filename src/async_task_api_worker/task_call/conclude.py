@@ -19,6 +19,7 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 from async_task_api_worker.conclusion import Conclusion, Failure, Response
 from async_task_api_worker.definition import TaskDefinition
 from async_task_api_worker.errors import (
+    InvalidErrorCodeError,
     IsolatedTaskError,
     ReportEncodeError,
     TaskCancelledError,
@@ -165,6 +166,15 @@ def conclude_error(
         return Failure(
             ErrorCode.WORKER_CRASHED, f"the task hit its memory limit of {memory_limit_bytes} bytes"
         )
+    if isinstance(exc, InvalidErrorCodeError):  # the SDK's words on the handler's own code
+        _logger.error(
+            "Task handler raised a FatalError or RetryableError with a code the protocol "
+            "refuses (%s: codes are upper case, digits and _, and not the SDK's own); "
+            "reported as INTERNAL_ERROR\n%s",
+            exc,
+            safe_traceback(exc),
+        )
+        return Failure(ErrorCode.INTERNAL_ERROR, INTERNAL_ERROR_MESSAGE)
     _logger.error(
         "Task handler raised %s; reported as INTERNAL_ERROR without its message\n%s",
         exception_type_name(exc),

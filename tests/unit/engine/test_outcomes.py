@@ -43,6 +43,8 @@ def make_worker(behaviour: str, calls: list[str] | None = None) -> Worker:
             raise RetryableError("UPSTREAM_DOWN", "The upstream is down.")
         if behaviour == "crash":
             raise RuntimeError(f"boom with {CANARY}")
+        if behaviour == "bad-code":
+            raise FatalError("bad code", "The code has a space.")
         if behaviour == "sleep":
             await asyncio.sleep(30)
         if behaviour == "own-timeout":
@@ -127,6 +129,16 @@ async def test_unexpected_exception_is_internal_error_without_its_text(
     assert all(record.exc_info is None for record in caplog.records)
     logged = [r.getMessage() for r in caplog.records if "INTERNAL_ERROR" in r.getMessage()]
     assert logged and "RuntimeError" in logged[0] and "in handle" in logged[0]
+
+
+async def test_a_code_the_protocol_refuses_is_an_internal_error_that_names_the_rule(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async with WorkerHarness(make_worker("bad-code")) as harness:
+        run = await harness.submit({"text": "hi"})
+    run.assert_failed(code="INTERNAL_ERROR")
+    logged = [r.getMessage() for r in caplog.records if "INTERNAL_ERROR" in r.getMessage()]
+    assert logged and "error code 'bad code' does not match ^[A-Z][A-Z0-9_]{0,63}$" in logged[0]
 
 
 async def test_a_timeout_error_raised_by_the_handler_is_not_a_task_timeout() -> None:

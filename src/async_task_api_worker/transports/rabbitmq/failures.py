@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import shlex
 from collections.abc import Iterator
@@ -21,6 +22,7 @@ from async_task_api_worker.errors import (
 
 __all__ = [
     "CHANNEL_GONE",
+    "connect_failure",
     "is_refusal",
     "publish_errors",
     "refused",
@@ -55,6 +57,23 @@ CHANNEL_GONE = (
 _LOGIN_REFUSALS = (
     aiormq.exceptions.ProbableAuthenticationError | aiormq.exceptions.AuthenticationError
 )
+
+
+def connect_failure(exc: BaseException) -> str:
+    """What a failed connect says in a log line: the exception's type, and the system's reason.
+
+    aiormq wraps the socket's error (``AMQPConnectionError`` around ``ConnectionRefusedError``),
+    whose ``errno`` says why (``Connection refused``, ``Name or service not known``); an exception
+    with no such cause is its type alone.
+    """
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, OSError) and isinstance(seen.errno, int) and seen.errno:
+            # A resolver's error (socket.gaierror) has a negative errno and its own words.
+            why = os.strerror(seen.errno) if seen.errno > 0 else seen.strerror
+            return f"{type(exc).__name__}: {why}"
+        seen = seen.__cause__ or seen.__context__
+    return type(exc).__name__
 
 
 def is_refusal(exc: BaseException) -> bool:

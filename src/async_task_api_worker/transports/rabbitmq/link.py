@@ -35,7 +35,7 @@ from yarl import URL
 from async_task_api_worker.errors import BrokerUnavailableError
 from async_task_api_worker.observability.redaction import redact_url
 from async_task_api_worker.settings import SILENT_HEARTBEATS_TO_DEAD
-from async_task_api_worker.transports.rabbitmq.failures import is_refusal, refused
+from async_task_api_worker.transports.rabbitmq.failures import connect_failure, is_refusal, refused
 
 __all__ = ["ATTEMPT_TIMEOUT_S", "BrokerLink"]
 
@@ -196,7 +196,7 @@ class BrokerLink:
                 except Exception as exc:
                     if is_refusal(exc):
                         raise refused(exc, self.url_for_logs) from exc
-                    failures.append(f"{self.url_for_logs} ({type(exc).__name__})")
+                    failures.append(f"{self.url_for_logs} ({connect_failure(exc)})")
                     last_of[self._index] = failures[-1]
                     self._index = (self._index + 1) % len(self._urls)
                     last_error = exc
