@@ -9,14 +9,20 @@ is a decision line's reason (``engine.decision.Reason``).
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable
 from typing import Final
+
+from async_task_api_worker.cancel_token import CancelToken
 
 __all__ = [
     "HOLD_LOG_EVERY_S",
     "LAST_TRY_MARGIN_S",
+    "PLACED_CONFIRM_WAIT_S",
     "PROGRESS_CONFIRM_WAIT_S",
     "PUBLISH_RETRY_FIRST_S",
     "PUBLISH_RETRY_MAX_S",
+    "abort_sparing_the_wire",
 ]
 
 #: The first and the longest wait before publishing an unconfirmed report again, in seconds.
@@ -26,5 +32,37 @@ PUBLISH_RETRY_MAX_S: Final = 5.0
 PROGRESS_CONFIRM_WAIT_S: Final = 30.0
 #: The last try of a held report starts at least this long before the hold ends, in seconds.
 LAST_TRY_MARGIN_S: Final = 0.5
+#: A terminal report already on the wire when the grace period ends waits this many seconds
+#: more for its confirm: the broker has it, or is about to, and a give-back now would run the
+#: task again and report it twice (within the drain's ``GIVE_BACK_TIMEOUT_S``).
+PLACED_CONFIRM_WAIT_S: Final = 2.0
 #: While a report is held, its refusals are logged at most once per this many seconds.
 HOLD_LOG_EVERY_S: Final = 60.0
+
+
+def abort_sparing_the_wire(
+    abort: CancelToken | None, on_wire: list[bool], kind: str
+) -> tuple[CancelToken | None, Callable[[], None]]:
+    """The abort a report of ``kind`` obeys, and the function that unregisters it from ``abort``.
+
+    A terminal report (``success``, ``failure``) follows ``abort`` at once while it is not on
+    the wire (``on_wire[0]`` false); once it is, only after :data:`PLACED_CONFIRM_WAIT_S` more
+    for its confirm: the broker has it, or is about to, and a give-back now would run the task
+    again and report it twice. Any other report follows ``abort`` itself.
+    """
+    if abort is None or kind not in ("success", "failure"):
+        return abort, _nothing
+    cut = CancelToken()
+
+    def on_abort() -> None:
+        why = abort.reason or "aborted"
+        if on_wire[0]:
+            asyncio.get_running_loop().call_later(PLACED_CONFIRM_WAIT_S, cut.cancel, why)
+        else:
+            cut.cancel(why)
+
+    return cut, abort.add_callback(on_abort)
+
+
+def _nothing() -> None:
+    return None

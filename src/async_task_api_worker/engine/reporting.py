@@ -27,6 +27,7 @@ from async_task_api_worker.engine.hold import (
     PROGRESS_CONFIRM_WAIT_S,
     PUBLISH_RETRY_FIRST_S,
     PUBLISH_RETRY_MAX_S,
+    abort_sparing_the_wire,
 )
 from async_task_api_worker.engine.waits import until
 from async_task_api_worker.errors import PublishError, ReportEncodeError, ReportRefusedError
@@ -55,6 +56,9 @@ from async_task_api_worker.protocol.reports import (
 )
 
 __all__ = ["DeliveryReporter"]
+
+
+Placed = Callable[[], None] | None  # called once a report is on the wire
 
 
 class _Started(Enum):
@@ -222,21 +226,21 @@ class DeliveryReporter:
             return Reason.ABORTED
         return None
 
-    async def _try(self, encoded: EncodedReport, *, carries_started: bool) -> None:
+    async def _try(self, encoded: EncodedReport, *, carries_started: bool, placed: Placed) -> None:
         """Send ``encoded`` (after ``started`` again, when it carries a lost one); confirm it.
 
         A terminal report that went out behind a ``started`` still in flight also waits for
         that confirm: confirms come in order on a channel, so it is in, or about to be.
         """
         if carries_started and self._started_report is not None:
-            await self._try_behind_started(encoded, self._started_report)
+            await self._try_behind_started(encoded, self._started_report, placed)
             return
         is_started = encoded is self._started_report
         started = self._started if self._taken_over and not is_started else None
         try:
             await self.delivery.report(
                 encoded,
-                placed=functools.partial(self._mark, _Started.SENT) if is_started else None,
+                placed=functools.partial(self._mark, _Started.SENT) if is_started else placed,
             )
         except BaseException:
             if is_started:
@@ -248,7 +252,12 @@ class DeliveryReporter:
         if is_started:
             self._mark(_Started.CONFIRMED)
 
-    async def _try_behind_started(self, encoded: EncodedReport, started: EncodedReport) -> None:
+    async def _try_behind_started(
+        self,
+        encoded: EncodedReport,
+        started: EncodedReport,
+        placed_after: Placed,
+    ) -> None:
         """Resend a lost ``started`` (a task, on this rare path), ``encoded`` once it is placed."""
         placed = asyncio.get_running_loop().create_future()
         ahead = asyncio.ensure_future(
@@ -265,7 +274,7 @@ class DeliveryReporter:
         self._mark(_Started.SENT)
         refused: Exception | None = None
         try:
-            await self.delivery.report(encoded)
+            await self.delivery.report(encoded, placed=placed_after)
         except Exception as exc:
             refused = exc
         except BaseException:
@@ -285,14 +294,25 @@ class DeliveryReporter:
         give_up_at = self.hold_until
         if kind is ReportType.PROGRESS:
             give_up_at = min(give_up_at, self.monotonic() + PROGRESS_CONFIRM_WAIT_S)
+        on_wire = [False]  # whether the report of the try under way is on the wire
+        abort, forget = abort_sparing_the_wire(self.abort, on_wire, kind)
         with tracing.sending(self.transport, encoded.properties.message_id) as headers:
             encoded.properties.headers.update(headers)
-            confirmed = await self._hold(encoded, give_up_at)
+            try:
+                confirmed = await self._hold(encoded, give_up_at, abort, on_wire)
+            finally:
+                forget()
         if confirmed and terminal and self._started_state is _Started.LOST:
             report_log.started_lost(self._log_extra())
         return confirmed
 
-    async def _hold(self, encoded: EncodedReport, give_up_at: float) -> bool:
+    async def _hold(
+        self,
+        encoded: EncodedReport,
+        give_up_at: float,
+        abort: CancelToken | None,
+        on_wire: list[bool],
+    ) -> bool:
         """Try until confirmed; ``False`` when ``give_up_at`` or a token comes first."""
         kind = encoded.type
         progress = kind is ReportType.PROGRESS
@@ -313,15 +333,17 @@ class DeliveryReporter:
                 if not progress:
                     self._give_up(kind, why)
                 return False
+            on_wire[0] = False
             try:
                 confirmed = await until(
                     self._try(
                         encoded,
                         carries_started=terminal and self._started_state is _Started.LOST,
+                        placed=functools.partial(on_wire.__setitem__, 0, True),
                     ),
                     give_up_at - self.monotonic(),
                     self.delivery.cancel_token,
-                    self.abort,
+                    abort,
                 )
             except ReportRefusedError as exc:
                 # Refused for what it holds (its size, Step Functions' InvalidOutput): trying

@@ -11,6 +11,7 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Final
 
+from async_task_api_worker.engine.hold import PLACED_CONFIRM_WAIT_S
 from async_task_api_worker.observability.redaction import exception_type_name, safe_traceback
 from async_task_api_worker.settings import WorkerSettings, WorkerTransport
 
@@ -32,8 +33,9 @@ _logger = logging.getLogger("async_task_api_worker.runtime")
 
 Hook = Callable[[], Awaitable[None]]
 
-#: Time the given-back deliveries get for their nacks after the grace period, in seconds.
-GIVE_BACK_TIMEOUT_S: Final = 5.0
+#: Time the in-flight deliveries get after the grace period, in seconds: a terminal report on
+#: the wire waits for its confirm (``PLACED_CONFIRM_WAIT_S``), the others are given back.
+GIVE_BACK_TIMEOUT_S: Final = PLACED_CONFIRM_WAIT_S + 3.0
 #: Time the transport gets to close, in seconds.
 CLOSE_TIMEOUT_S: Final = 5.0
 #: Time stopping the consumer may take, even with a grace period shorter than this.

@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import json
+from typing import Any
 
 import pytest
 from pydantic import BaseModel
 
 from async_task_api_worker import TaskContext, Worker
 from async_task_api_worker.engine import Engine, StopSignal
+from async_task_api_worker.engine.hold import PLACED_CONFIRM_WAIT_S
 from async_task_api_worker.errors import MessageTooLargeError
 from async_task_api_worker.executors import InlineExecutor
 from async_task_api_worker.ports import Action, Delivery, Outcome
 from async_task_api_worker.protocol import EncodedReport
+from async_task_api_worker.runtime.hooks import GIVE_BACK_TIMEOUT_S
 from async_task_api_worker.settings import load_settings
 from async_task_api_worker.transports.memory import InMemoryTransport
 from tests.conftest import decision_records
@@ -112,6 +115,62 @@ async def test_a_report_held_when_the_grace_period_ends_is_given_back_as_a_shutd
     )
     assert settlement.requeue_counted is False
     assert settlement.reason == "grace_period_over"
+
+
+class ConfirmsHeldAfterStarted(InMemoryTransport):
+    """Holds every confirm from the terminal report on: it is on the wire, unconfirmed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.on_wire = asyncio.Event()
+
+    async def send(self, delivery: Delivery, report: EncodedReport, *, placed: Any = None) -> None:
+        if report.type in ("success", "failure"):
+            self.hold_confirms()
+
+        def on_wire() -> None:
+            if placed is not None:
+                placed()
+            if report.type in ("success", "failure"):
+                self.on_wire.set()
+
+        await super().send(delivery, report, placed=on_wire)
+
+
+async def test_a_terminal_report_on_the_wire_when_the_grace_ends_gets_its_confirm_not_a_rerun(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The breaker's duplicate: the success was in the broker, its confirm on the way, and the
+    end of the grace period gave the delivery back, so the task ran and reported again."""
+    transport = ConfirmsHeldAfterStarted()
+    engine = engine_for(worker_returning("ok", []), transport)
+    stop = StopSignal()
+    handling = asyncio.create_task(engine.handle(deliver(transport), stop))
+    await transport.on_wire.wait()
+    stop.draining.cancel("shutdown")
+    stop.aborted.cancel("grace period over")
+    asyncio.get_running_loop().call_soon(transport.release_confirms)  # the confirm arrives
+    settlement = await asyncio.wait_for(handling, 5)
+    assert (settlement.outcome, settlement.action) == (Outcome.SUCCESS, Action.ACK)
+    assert [r.report.type for r in transport.published] == ["started", "success"]
+
+
+async def test_a_terminal_report_on_the_wire_waits_for_its_confirm_a_bounded_time() -> None:
+    transport = ConfirmsHeldAfterStarted()
+    engine = engine_for(worker_returning("ok", []), transport)
+    stop = StopSignal()
+    handling = asyncio.create_task(engine.handle(deliver(transport), stop))
+    await transport.on_wire.wait()
+    stop.draining.cancel("shutdown")
+    aborted_at = asyncio.get_running_loop().time()
+    stop.aborted.cancel("grace period over")
+    settlement = await asyncio.wait_for(handling, PLACED_CONFIRM_WAIT_S + 5)
+    waited_s = asyncio.get_running_loop().time() - aborted_at
+    assert (settlement.outcome, settlement.reason) == (
+        Outcome.SHUTDOWN_REQUEUED,
+        "grace_period_over",
+    )
+    assert PLACED_CONFIRM_WAIT_S <= waited_s < GIVE_BACK_TIMEOUT_S  # within the drain's allowance
 
 
 async def test_a_report_the_broker_refuses_for_its_size_concludes_at_once_as_too_large(
