@@ -18,7 +18,7 @@ from async_task_api_worker.cli.loading import load_worker
 from async_task_api_worker.errors import DefinitionError, TargetError
 from async_task_api_worker.protocol import decode_report
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 
 
 @pytest.fixture(autouse=True)
@@ -74,16 +74,16 @@ def test_dev_with_a_missing_file_exits_2(capsys: pytest.CaptureFixture[str]) -> 
         ("examples.count_words:Input", "is not a Worker"),
         ("examples.count_words:missing", "has no attribute 'missing'"),
         (
-            "tests.unit.cli_targets:raising_factory",
-            "factory tests.unit.cli_targets:raising_factory raised RuntimeError: boom",
+            "tests.unit.cli.cli_targets:raising_factory",
+            "factory tests.unit.cli.cli_targets:raising_factory raised RuntimeError: boom",
         ),
         (
-            "tests.unit.cli_targets:not_a_worker_factory",
+            "tests.unit.cli.cli_targets:not_a_worker_factory",
             "is not a Worker, nor a function returning one",
         ),
         (
-            "tests.unit.cli_targets_broken:worker",
-            "cannot import 'tests.unit.cli_targets_broken': ZeroDivisionError",
+            "tests.unit.cli.cli_targets_broken:worker",
+            "cannot import 'tests.unit.cli.cli_targets_broken': ZeroDivisionError",
         ),
     ],
 )
@@ -97,12 +97,12 @@ def test_bad_targets_exit_2_with_one_line(
 
 
 def test_a_factory_returning_a_worker_is_loaded() -> None:
-    assert load_worker("tests.unit.cli_targets:good_factory").name == "from-factory"
+    assert load_worker("tests.unit.cli.cli_targets:good_factory").name == "from-factory"
 
 
 def test_a_definition_error_in_a_factory_propagates() -> None:
     with pytest.raises(DefinitionError):
-        load_worker("tests.unit.cli_targets:misdefined_factory")
+        load_worker("tests.unit.cli.cli_targets:misdefined_factory")
 
 
 def test_target_errors_are_config_errors() -> None:
@@ -144,7 +144,7 @@ def test_dev_whose_reader_goes_away_after_its_input_ended_stops_the_running_task
     tasks.write_text("{}\n{}\n")
     monkeypatch.setattr(sys, "stdout", ClosedPipe())
     caplog.set_level(logging.INFO, logger="async_task_api_worker")
-    assert main(["dev", "tests.unit.cli_targets:waiting", str(tasks)]) == 0
+    assert main(["dev", "tests.unit.cli.cli_targets:waiting", str(tasks)]) == 0
     messages = [record.getMessage() for record in caplog.records]
     assert "Shutdown requested (stdout closed): draining" in messages
     assert not any("(the input ended)" in message for message in messages)

@@ -28,13 +28,13 @@ def test_the_traceback_has_frames_and_types_but_no_text() -> None:
     assert SECRET not in text
     assert "in fail_inner" in text and "in fail_outer" in text
     assert "KeyError" in text
-    assert text.rstrip().endswith("tests.unit.test_redaction.CustomError")
+    assert text.rstrip().endswith("tests.unit.observability.test_redaction.CustomError")
     assert "raise" not in text  # no source line
 
 
 def test_type_names() -> None:
     assert exception_type_name(ValueError()) == "ValueError"
-    assert exception_type_name(CustomError()) == "tests.unit.test_redaction.CustomError"
+    assert exception_type_name(CustomError()) == f"{__name__}.CustomError"
 
 
 def test_a_cycle_of_causes_terminates() -> None:

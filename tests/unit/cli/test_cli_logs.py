@@ -22,9 +22,9 @@ from async_task_api_worker.runtime.exit_codes import ExitCode
 from async_task_api_worker.runtime.hooks import StartupHookError, run_startup_hooks
 from async_task_api_worker.settings import WorkerSettings
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 EXAMPLE = ["examples.count_words:worker", str(REPO / "examples" / "count_words.jsonl")]
-BROKEN = "tests.unit.cli_targets_broken:worker"
+BROKEN = "tests.unit.cli.cli_targets_broken:worker"
 TEXT_LINE = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z [A-Z]+ +\S+ ")
 
 
@@ -90,7 +90,7 @@ def test_dev_logs_json_lines_to_a_pipe_and_text_when_asked() -> None:
 
 def test_an_import_error_shows_its_traceback_at_debug_only() -> None:
     code, out, err = cli("check", BROKEN)
-    one_line = "async-task-api-worker: cannot import 'tests.unit.cli_targets_broken': "
+    one_line = "async-task-api-worker: cannot import 'tests.unit.cli.cli_targets_broken': "
     assert (code, out, len(err)) == (ExitCode.CONFIG, "", 1)
     assert err[0].startswith(one_line)
     for level in ("DEBUG", "debug"):
@@ -116,7 +116,7 @@ def test_an_import_error_traceback_is_one_line_in_the_log_format() -> None:
 @pytest.mark.parametrize("command", ["check", "run", "dev", "tick"])
 def test_the_one_line_error_hides_a_password_the_import_error_quotes(command: str) -> None:
     extra = ("--state-dir", "/nonexistent", "--budget-s", "5") if command == "tick" else ()
-    code, out, err = cli(command, "tests.unit.cli_targets_secret:worker", *extra)
+    code, out, err = cli(command, "tests.unit.cli.cli_targets_secret:worker", *extra)
     assert code == ExitCode.CONFIG
     said = "\n".join([out, *err])
     assert "CANARY-hunter2" not in said

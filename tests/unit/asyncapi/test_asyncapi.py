@@ -21,9 +21,9 @@ from async_task_api_worker.protocol.codes import RESERVED_ERROR_CODES, ErrorCode
 from async_task_api_worker.protocol.schemas import load_schema
 from async_task_api_worker.settings import WorkerSettings, load_settings
 from examples.count_words import worker as count_words
-from tests.unit.asyncapi_workers import rich, unschemable
+from tests.unit.asyncapi.asyncapi_workers import rich, unschemable
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 REPORTS = ["started", "progress", "success", "failure"]
 
 
@@ -372,9 +372,12 @@ def test_the_command_reads_the_queue_and_exchange_names_from_the_environment(
         ("no_colon", "must look like my_module:worker"),
         ("examples.count_words:Input", "is not a Worker"),
         ("examples.count_words:missing", "has no attribute 'missing'"),
-        ("tests.unit.cli_targets:misdefined_factory", "must be annotated exactly"),
-        ("tests.unit.cli_targets_broken:worker", "cannot import 'tests.unit.cli_targets_broken'"),
-        ("tests.unit.asyncapi_workers:unschemable", "have no JSON Schema"),
+        ("tests.unit.cli.cli_targets:misdefined_factory", "must be annotated exactly"),
+        (
+            "tests.unit.cli.cli_targets_broken:worker",
+            "cannot import 'tests.unit.cli.cli_targets_broken'",
+        ),
+        ("tests.unit.asyncapi.asyncapi_workers:unschemable", "have no JSON Schema"),
     ],
 )
 def test_a_bad_target_exits_2_with_one_line(

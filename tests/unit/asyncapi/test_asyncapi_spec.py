@@ -22,9 +22,9 @@ from async_task_api_worker.cli import main
 from async_task_api_worker.settings import load_settings
 from tests import asyncapi_specs
 from tests.asyncapi_specs import SpecsUnavailableError, asyncapi_3_schema, validator
-from tests.unit.asyncapi_workers import rich
+from tests.unit.asyncapi.asyncapi_workers import rich
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(scope="session")

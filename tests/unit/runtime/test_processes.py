@@ -41,7 +41,7 @@ from async_task_api_worker.runtime.supervised import PROCESS_ENV, child_link
 from async_task_api_worker.settings import load_settings
 from tests.probes_client import request
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 TARGET = "examples.count_words:worker"
 
 

@@ -20,9 +20,9 @@ from async_task_api_worker.settings import (
     load_settings,
 )
 from async_task_api_worker.testing import WorkerHarness
-from tests.unit.cli_targets import good_factory
+from tests.unit.cli.cli_targets import good_factory
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 TARGET = "examples.count_words:worker"
 COMMANDS = {
     "run": [TARGET],
