@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Final
 
 from async_task_api_worker.cancel_token import CancelToken
+from async_task_api_worker.protocol.codes import ReportType
 
 __all__ = [
     "HOLD_LOG_EVERY_S",
@@ -41,7 +42,7 @@ HOLD_LOG_EVERY_S: Final = 60.0
 
 
 def abort_sparing_the_wire(
-    abort: CancelToken | None, on_wire: list[bool], kind: str
+    abort: CancelToken | None, on_wire: list[bool], kind: ReportType
 ) -> tuple[CancelToken | None, Callable[[], None]]:
     """The abort a report of ``kind`` obeys, and the function that unregisters it from ``abort``.
 
@@ -50,7 +51,7 @@ def abort_sparing_the_wire(
     for its confirm: the broker has it, or is about to, and a give-back now would run the task
     again and report it twice. Any other report follows ``abort`` itself.
     """
-    if abort is None or kind not in ("success", "failure"):
+    if abort is None or not kind.terminal:
         return abort, _nothing
     cut = CancelToken()
 

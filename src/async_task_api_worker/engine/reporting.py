@@ -288,7 +288,7 @@ class DeliveryReporter:
 
     async def _deliver(self, encoded: EncodedReport) -> bool:
         kind = encoded.type
-        terminal = kind in (ReportType.SUCCESS, ReportType.FAILURE)
+        terminal = kind.terminal
         if kind is not ReportType.STARTED and not await self._after_started(take_over=terminal):
             return False  # ``started`` gave up (and said why): nothing may follow it
         give_up_at = self.hold_until
@@ -317,7 +317,7 @@ class DeliveryReporter:
         kind = encoded.type
         progress = kind is ReportType.PROGRESS
         is_started = encoded is self._started_report
-        terminal = kind in (ReportType.SUCCESS, ReportType.FAILURE)
+        terminal = kind.terminal
         delay_s = PUBLISH_RETRY_FIRST_S
         refusals, logged_at = 0, 0.0
         while True:

@@ -14,7 +14,7 @@ from async_task_api_worker.engine import Engine, StopSignal
 from async_task_api_worker.engine.hold import PLACED_CONFIRM_WAIT_S
 from async_task_api_worker.errors import MessageTooLargeError
 from async_task_api_worker.executors import InlineExecutor
-from async_task_api_worker.ports import Action, Delivery, Outcome
+from async_task_api_worker.ports import Action, Delivery, Outcome, Settlement
 from async_task_api_worker.protocol import EncodedReport
 from async_task_api_worker.runtime.hooks import GIVE_BACK_TIMEOUT_S
 from async_task_api_worker.settings import load_settings
@@ -87,6 +87,23 @@ def deliver(transport: InMemoryTransport) -> Delivery:
     return delivery
 
 
+async def grace_over_once(
+    transport: InMemoryTransport, reached: asyncio.Event
+) -> tuple[asyncio.Task[Settlement], float]:
+    """Handle one delivery; once ``reached`` is set, drain and end the grace period at once.
+
+    Returns the delivery's task and when the grace period ended, on the loop's clock.
+    """
+    engine = engine_for(worker_returning("ok", []), transport)
+    stop = StopSignal()
+    handling = asyncio.create_task(engine.handle(deliver(transport), stop))
+    await reached.wait()
+    stop.draining.cancel("shutdown")
+    aborted_at = asyncio.get_running_loop().time()
+    stop.aborted.cancel("grace period over")
+    return handling, aborted_at
+
+
 async def test_a_late_confirm_is_waited_for_not_taken_as_a_refusal() -> None:
     transport = SlowConfirm()
     engine = engine_for(worker_returning("ok", []), transport)
@@ -102,12 +119,7 @@ async def test_a_late_confirm_is_waited_for_not_taken_as_a_refusal() -> None:
 
 async def test_a_report_held_when_the_grace_period_ends_is_given_back_as_a_shutdown() -> None:
     transport = SlowConfirm()
-    engine = engine_for(worker_returning("ok", []), transport)
-    stop = StopSignal()
-    handling = asyncio.create_task(engine.handle(deliver(transport), stop))
-    await transport.waiting.wait()
-    stop.draining.cancel("shutdown")
-    stop.aborted.cancel("grace period over")
+    handling, _ = await grace_over_once(transport, transport.waiting)
     settlement = await asyncio.wait_for(handling, 5)
     assert (settlement.outcome, settlement.action) == (
         Outcome.SHUTDOWN_REQUEUED,
@@ -143,12 +155,7 @@ async def test_a_terminal_report_on_the_wire_when_the_grace_ends_gets_its_confir
     """The breaker's duplicate: the success was in the broker, its confirm on the way, and the
     end of the grace period gave the delivery back, so the task ran and reported again."""
     transport = ConfirmsHeldAfterStarted()
-    engine = engine_for(worker_returning("ok", []), transport)
-    stop = StopSignal()
-    handling = asyncio.create_task(engine.handle(deliver(transport), stop))
-    await transport.on_wire.wait()
-    stop.draining.cancel("shutdown")
-    stop.aborted.cancel("grace period over")
+    handling, _ = await grace_over_once(transport, transport.on_wire)
     asyncio.get_running_loop().call_soon(transport.release_confirms)  # the confirm arrives
     settlement = await asyncio.wait_for(handling, 5)
     assert (settlement.outcome, settlement.action) == (Outcome.SUCCESS, Action.ACK)
@@ -157,13 +164,7 @@ async def test_a_terminal_report_on_the_wire_when_the_grace_ends_gets_its_confir
 
 async def test_a_terminal_report_on_the_wire_waits_for_its_confirm_a_bounded_time() -> None:
     transport = ConfirmsHeldAfterStarted()
-    engine = engine_for(worker_returning("ok", []), transport)
-    stop = StopSignal()
-    handling = asyncio.create_task(engine.handle(deliver(transport), stop))
-    await transport.on_wire.wait()
-    stop.draining.cancel("shutdown")
-    aborted_at = asyncio.get_running_loop().time()
-    stop.aborted.cancel("grace period over")
+    handling, aborted_at = await grace_over_once(transport, transport.on_wire)
     settlement = await asyncio.wait_for(handling, PLACED_CONFIRM_WAIT_S + 5)
     waited_s = asyncio.get_running_loop().time() - aborted_at
     assert (settlement.outcome, settlement.reason) == (
