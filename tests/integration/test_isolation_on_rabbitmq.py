@@ -76,15 +76,18 @@ def test_the_fork_server_ends_quietly_when_its_worker_is_killed(
     queues: Queues, start_worker: Any, tmp_path: Path
 ) -> None:
     worker = start_worker(TARGET, queues.env())
+    started = tmp_path / "started"
 
     async def submit() -> str:
         async with queues.client("isolated") as client:
-            return await client.submit({"mode": "sleep", "data": 1.0})
+            return await client.submit({"mode": "sleep", "data": 1.0, "marker": str(started)})
 
     asyncio.run(submit())
     wait_for(lambda: len(_children_of(worker.pid)) == 1, what="the fork server")
     fork_server = _children_of(worker.pid)[0]
-    wait_for(lambda: _children_of(fork_server), what="the task's process")
+    # Not only forked: the task's process has read its request, which the worker sends after
+    # the fork (a worker stopped before that would leave the process waiting for it).
+    wait_for(started.exists, what="the task's start")
     task = _children_of(fork_server)[0]
     # The worst moment: the task ends while the worker is stopped, so the fork server's news
     # of it is never read, and the worker's end of their socket is reset rather than closed.

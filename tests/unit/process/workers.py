@@ -116,6 +116,9 @@ async def run(job: Job, ctx: TaskContext) -> Echo:  # noqa: PLR0912 - one branch
         while True:
             pass
     elif job.mode == "sleep":
+        if job.marker:  # a file that says the request reached the task's process
+            with open(job.marker, "w"):
+                pass
         time.sleep(float(job.data))
     elif job.mode == "huge":
         return Echo(data="é" * int(job.data))
