@@ -1,8 +1,9 @@
 """RabbitMQ's rules over the settings: the shape of the broker URLs, and the time budget.
 
-``async_task_api_worker.settings`` validates ``BROKER_URL`` with :func:`split_broker_urls` and
-re-exports all three functions; ``runtime.entry`` checks the budget at startup, ``check``
-prints it.
+``async_task_api_worker.settings`` validates ``BROKER_URL`` with :func:`split_broker_urls`;
+the RabbitMQ transport asks for :func:`consumer_timeout_s` where the broker takes it, and
+raises the budget rule's error (:func:`check_time_budget`) where it does not; ``check`` prints
+both; the engine holds a report until :func:`consumer_timeout_s` nears.
 """
 
 from __future__ import annotations
@@ -15,7 +16,17 @@ from async_task_api_worker.errors import TimeBudgetError
 if TYPE_CHECKING:
     from async_task_api_worker.settings import WorkerSettings
 
-__all__ = ["check_time_budget", "describe_time_budget", "split_broker_urls"]
+__all__ = [
+    "CANCEL_GRACE_S",
+    "OWN_CONSUMER_TIMEOUT_FROM",
+    "PLACED_CONFIRM_WAIT_S",
+    "check_time_budget",
+    "consumer_timeout_s",
+    "delivery_budget_s",
+    "describe_time_budget",
+    "split_broker_urls",
+    "takes_own_consumer_timeout",
+]
 
 #: The schemes ``BROKER_URL`` accepts, and their default ports.
 _AMQP_PORTS: Final = {"amqp": 5672, "amqps": 5671}
@@ -58,12 +69,67 @@ def split_broker_urls(value: str) -> tuple[str, ...]:
     return urls
 
 
-def check_time_budget(settings: WorkerSettings, declared_timeout_s: float) -> float:
-    """Check that a task can always be settled before the broker's consumer timeout.
+#: Seconds an ``async def`` handler that ignores its cancel gets past its timeout before the
+#: worker concludes ``TASK_TIMEOUT`` without it (``executors.inline``).
+CANCEL_GRACE_S: Final = 1.0
+#: Seconds a terminal report already on the wire waits for its confirm before its delivery may
+#: be given back (``engine.hold``): the broker has it, or is about to.
+PLACED_CONFIRM_WAIT_S: Final = 2.0
+#: RabbitMQ from this version takes a consumer's own timeout (``x-consumer-timeout``, in
+#: ``basic.consume``'s arguments) on a quorum queue, and enforces none on a classic queue.
+OWN_CONSUMER_TIMEOUT_FROM: Final = (4, 3)
 
-    Rule (RabbitMQ closes the channel of a delivery left unacked past ``consumer_timeout``,
-    checked on its channel tick): ``task timeout + WORKER_RETRY_BACKOFF_MAX_S +
-    WORKER_CONSUMER_TIMEOUT_CHECK_INTERVAL_S < WORKER_CONSUMER_TIMEOUT_S``.
+
+def delivery_budget_s(settings: WorkerSettings, timeout_s: float) -> float:
+    """The longest a delivery can take from its arrival to its settle, the broker willing.
+
+    ``timeout_s + WORKER_RETRY_BACKOFF_MAX_S + CANCEL_GRACE_S + PLACED_CONFIRM_WAIT_S``: the
+    task runs to its timeout (a ``RetryableError`` then waits its backoff), a handler that
+    ignores its cancel is waited for, and the terminal report waits for its confirm.
+
+    Args:
+        settings: the worker's settings.
+        timeout_s: the effective task timeout (``WorkerSettings.task_timeout_s``), in seconds.
+    """
+    return timeout_s + settings.worker_retry_backoff_max_s + CANCEL_GRACE_S + PLACED_CONFIRM_WAIT_S
+
+
+def consumer_timeout_s(settings: WorkerSettings, timeout_s: float) -> float:
+    """The consumer timeout a delivery of this task lives under, in seconds.
+
+    ``WORKER_CONSUMER_TIMEOUT_S`` when the budget fits under it (:func:`check_time_budget`);
+    else the budget plus ``WORKER_CONSUMER_TIMEOUT_CHECK_INTERVAL_S``, rounded up, plus 1 s:
+    the timeout the worker asks for itself where the broker takes one
+    (:data:`OWN_CONSUMER_TIMEOUT_FROM`; elsewhere the worker does not start).
+    """
+    needed_s = delivery_budget_s(settings, timeout_s) + (
+        settings.worker_consumer_timeout_check_interval_s
+    )
+    if needed_s < settings.worker_consumer_timeout_s or not math.isfinite(needed_s):
+        return settings.worker_consumer_timeout_s
+    return float(math.ceil(needed_s) + 1)
+
+
+def takes_own_consumer_timeout(server_version: str) -> bool:
+    """Whether a RabbitMQ of ``server_version`` (``"4.3.6"``) takes ``x-consumer-timeout``.
+
+    An unreadable version counts as an older one (the budget rule then stands).
+    """
+    parts = server_version.split(".")[:2]
+    try:
+        return tuple(int(part) for part in parts) >= OWN_CONSUMER_TIMEOUT_FROM
+    except ValueError:
+        return False
+
+
+def check_time_budget(settings: WorkerSettings, declared_timeout_s: float) -> float:
+    """Check that a task can always be settled before the broker's own consumer timeout.
+
+    For a RabbitMQ that sets no timeout of a consumer's asking (before 4.3): it closes the
+    channel of a delivery left unacked past ``consumer_timeout``, checked on its channel tick.
+    Rule: ``delivery_budget_s + WORKER_CONSUMER_TIMEOUT_CHECK_INTERVAL_S <
+    WORKER_CONSUMER_TIMEOUT_S``. RabbitMQ 4.3 and later takes the worker's own
+    (:func:`consumer_timeout_s`), and the rule is not needed.
 
     Args:
         settings: the worker's settings.
@@ -76,15 +142,14 @@ def check_time_budget(settings: WorkerSettings, declared_timeout_s: float) -> fl
         TimeBudgetError: the rule does not hold; the one-line message gives the numbers.
     """
     timeout_s = settings.task_timeout_s(declared_timeout_s)
-    check_s = settings.worker_consumer_timeout_check_interval_s
-    needed_s = timeout_s + settings.worker_retry_backoff_max_s + check_s
-    if not needed_s < settings.worker_consumer_timeout_s or not math.isfinite(needed_s):
+    if consumer_timeout_s(settings, timeout_s) != settings.worker_consumer_timeout_s:
         raise TimeBudgetError(
             f"{describe_time_budget(settings, timeout_s)} must be under "
-            f"WORKER_CONSUMER_TIMEOUT_S {settings.worker_consumer_timeout_s:g} s: lower the task "
-            "timeout or WORKER_RETRY_BACKOFF_MAX_S, or raise the broker's consumer_timeout "
-            "(rabbitmq.conf, in ms) and WORKER_CONSUMER_TIMEOUT_S to match; a broker that checks "
-            "it more often (channel_tick_interval) allows a lower "
+            f"WORKER_CONSUMER_TIMEOUT_S {settings.worker_consumer_timeout_s:g} s on RabbitMQ "
+            "before 4.3: lower the task timeout or WORKER_RETRY_BACKOFF_MAX_S, or raise the "
+            "broker's consumer_timeout (rabbitmq.conf, in ms) and WORKER_CONSUMER_TIMEOUT_S to "
+            "match, or use RabbitMQ 4.3+ with a quorum queue (the worker sets its own); a broker "
+            "that checks it more often (channel_tick_interval) allows a lower "
             "WORKER_CONSUMER_TIMEOUT_CHECK_INTERVAL_S"
         )
     return timeout_s
@@ -94,8 +159,9 @@ def describe_time_budget(settings: WorkerSettings, timeout_s: float) -> str:
     """The budget's sum in words: ``task timeout 30 s + ... = 120 s`` (for errors and ``check``)."""
     backoff_s = settings.worker_retry_backoff_max_s
     check_s = settings.worker_consumer_timeout_check_interval_s
+    total_s = delivery_budget_s(settings, timeout_s) + check_s
     return (
-        f"task timeout {timeout_s:g} s + WORKER_RETRY_BACKOFF_MAX_S {backoff_s:g} s + "
-        f"WORKER_CONSUMER_TIMEOUT_CHECK_INTERVAL_S {check_s:g} s = "
-        f"{timeout_s + backoff_s + check_s:g} s"
+        f"task timeout {timeout_s:g} s + WORKER_RETRY_BACKOFF_MAX_S {backoff_s:g} s + cancel "
+        f"grace {CANCEL_GRACE_S:g} s + report confirm {PLACED_CONFIRM_WAIT_S:g} s + "
+        f"WORKER_CONSUMER_TIMEOUT_CHECK_INTERVAL_S {check_s:g} s = {total_s:g} s"
     )

@@ -15,8 +15,10 @@ from typing import Protocol
 __all__ = [
     "AckFailed",
     "Action",
+    "CancelCause",
     "CancelRequested",
     "CancelResult",
+    "ConsumerCancelled",
     "DeliveryReceived",
     "DeliverySettled",
     "EngineEvent",
@@ -168,6 +170,25 @@ class CancelRequested:
     result: str
 
 
+class CancelCause(StrEnum):
+    """Why the broker cancelled the worker's consumer (the ``cause`` label of its metric)."""
+
+    #: A delivery was held past the consumer timeout (RabbitMQ 4.3+ cancels the consumer).
+    CONSUMER_TIMEOUT = "consumer_timeout"
+    #: Anything else: the queue was deleted, or a quorum queue's leader moved.
+    OTHER = "other"
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerCancelled:
+    """The broker cancelled the consumer (``basic.cancel``); the transport consumes again.
+
+    Told by the transport itself (``Transport.observe``), not by the engine.
+    """
+
+    cause: CancelCause
+
+
 EngineEvent = (
     DeliveryReceived
     | TaskStarted
@@ -177,6 +198,7 @@ EngineEvent = (
     | AckFailed
     | ProgressDropped
     | CancelRequested
+    | ConsumerCancelled
 )
 
 

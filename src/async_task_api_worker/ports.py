@@ -23,8 +23,10 @@ from async_task_api_worker.errors import EnvelopeDecodeError, PublishError, Sett
 from async_task_api_worker.events import (
     AckFailed,
     Action,
+    CancelCause,
     CancelRequested,
     CancelResult,
+    ConsumerCancelled,
     DeliveryReceived,
     DeliverySettled,
     EngineEvent,
@@ -42,9 +44,11 @@ from async_task_api_worker.protocol.reports import EncodedReport
 __all__ = [
     "AckFailed",
     "Action",
+    "CancelCause",
     "CancelRequested",
     "CancelResult",
     "CancelToken",
+    "ConsumerCancelled",
     "Delivery",
     "DeliveryReceived",
     "DeliverySettled",
@@ -224,6 +228,10 @@ class Transport(Protocol):
         Returns:
             ``False`` when this transport receives no cancels (the docs of its face say so).
         """
+        ...
+
+    def observe(self, observer: Observer) -> None:
+        """Tell ``observer`` of what the broker did to the consumer (``ConsumerCancelled``)."""
         ...
 
     def deliveries(self) -> AsyncIterator[Delivery]:

@@ -19,6 +19,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 from async_task_api_worker.broker_rules import (
     check_time_budget,
+    consumer_timeout_s,
     describe_time_budget,
     split_broker_urls,
 )
@@ -39,6 +40,7 @@ __all__ = [
     "WorkerSettings",
     "WorkerTransport",
     "check_time_budget",
+    "consumer_timeout_s",
     "describe_time_budget",
     "flag_arguments",
     "load_settings",
@@ -165,8 +167,10 @@ class WorkerSettings(BaseSettings):
     worker_cancel_memory_s: PositiveSeconds = 3600.0
     """How long such a cancel request is remembered, in seconds."""
     worker_consumer_timeout_s: PositiveSeconds = 1800.0
-    """The broker's ``consumer_timeout`` (RabbitMQ's default: 30 min): the budget check, and the
-    longest a delivery is held while its report cannot get out."""
+    """The consumer timeout, in seconds. Before RabbitMQ 4.3, the broker's ``consumer_timeout``
+    (its default: 30 min), which the time budget must fit under; from 4.3 on a quorum queue,
+    the timeout the worker asks for (``x-consumer-timeout``), raised to what a longer task
+    needs. A report that cannot get out holds its delivery until it nears."""
     worker_consumer_timeout_check_interval_s: PositiveSeconds = 60.0
     """How often the broker checks the consumer timeout (RabbitMQ's channel tick,
     ``channel_tick_interval``: 60 s by default), in seconds: the slack kept under
@@ -272,15 +276,17 @@ class WorkerSettings(BaseSettings):
         """The broker URLs of ``BROKER_URL``, in the order they are tried."""
         return split_broker_urls(self.broker_url.get_secret_value())
 
-    def delivery_hold_s(self) -> float:
+    def delivery_hold_s(self, timeout_s: float) -> float:
         """The longest a delivery may stay unacked before the broker may time it out, in s.
 
-        ``WORKER_CONSUMER_TIMEOUT_S - WORKER_CONSUMER_TIMEOUT_CHECK_INTERVAL_S``, positive
-        whenever the time-budget rule holds: a report that cannot get out is retried, holding
-        its delivery, until then.
+        The consumer timeout it lives under (``broker_rules.consumer_timeout_s``: the task's
+        effective timeout ``timeout_s`` decides it on RabbitMQ 4.3+) less
+        ``WORKER_CONSUMER_TIMEOUT_CHECK_INTERVAL_S``: a report that cannot get out is retried,
+        holding its delivery, until then.
         """
         return max(
-            0.0, self.worker_consumer_timeout_s - self.worker_consumer_timeout_check_interval_s
+            0.0,
+            consumer_timeout_s(self, timeout_s) - self.worker_consumer_timeout_check_interval_s,
         )
 
     @classmethod

@@ -157,3 +157,36 @@ async def test_a_channel_the_broker_will_not_restore_ends_the_worker_not_idles_i
         if not serving.done():
             runner.request_shutdown("test")
             await serving
+
+
+async def test_a_consumer_the_broker_cancels_is_started_again_with_a_new_tag(
+    queues: Queues,
+) -> None:
+    # Deleting the queue makes any RabbitMQ cancel the consumer (basic.cancel); 4.3 does the
+    # same at a consumer timeout, and refuses the old tag again (530, the connection closed).
+    cancelled = _Said("The broker cancelled the consumer of")
+    log = logging.getLogger("async_task_api_worker.transports.rabbitmq")
+    log.addHandler(cancelled)
+    try:
+        transport = transport_for(queues)
+        runner = Runner(worker, load_settings({}, read_environment=False), transport)
+        serving = asyncio.create_task(runner.serve())
+        async with queues.client("count-words") as client:
+            first = await client.submit({"text": "before"})
+            assert (await collect(client, first))[-1].type == "success"
+            await asyncio.to_thread(
+                rabbitmqctl, "delete_queue", "-p", queues.vhost, queues.in_queue
+            )
+            await cancelled.reach(1)
+            # Consuming again finds no queue (404): the reopened channel declares it again.
+            await until(lambda: transport.consuming, what="the consumer started again")
+            second = await client.submit({"text": "after the consumer was cancelled"})
+            assert (await collect(client, second))[-1].type == "success"
+        runner.request_shutdown("test")
+        assert await serving is ExitCode.OK
+        assert cancelled.count == 1
+        exposition = runner.metrics.exposition()[0].decode()
+        assert 'worker_consumer_cancels_total{cause="other"} 1.0' in exposition
+        assert 'worker_consumer_cancels_total{cause="consumer_timeout"} 0.0' in exposition
+    finally:
+        log.removeHandler(cancelled)

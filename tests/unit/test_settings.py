@@ -4,6 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from async_task_api_worker.broker_rules import (
+    consumer_timeout_s,
+    delivery_budget_s,
+    takes_own_consumer_timeout,
+)
 from async_task_api_worker.errors import SettingsError, TimeBudgetError
 from async_task_api_worker.settings import (
     EventLoopKind,
@@ -122,13 +127,13 @@ def test_the_settings_are_frozen() -> None:
 
 def test_the_budget_rule_holds_with_the_defaults_and_a_29_minute_task() -> None:
     settings = load_settings(read_environment=False)
-    assert check_time_budget(settings, 1709.0) == 1709.0
+    assert check_time_budget(settings, 1706.0) == 1706.0  # 1706 + 30 + 1 + 2 + 60 = 1799
 
 
 @pytest.mark.parametrize(
     ("values", "declared_s"),
     [
-        ({}, 1710.0),  # 1710 + 30 + 60 = 1800, not under 1800
+        ({}, 1707.0),  # 1707 + 30 + 1 + 2 + 60 = 1800, not under 1800
         ({"worker_task_timeout_s": 5000}, 10.0),  # the override is what counts
         ({"worker_consumer_timeout_s": 100, "worker_retry_backoff_max_s": 30}, 10.0),
     ],
@@ -204,11 +209,45 @@ def test_the_budget_margin_is_the_consumer_timeout_check_interval() -> None:
         },
         read_environment=False,
     )
-    assert check_time_budget(settings, 16.9) == 16.9  # 16.9 + 1 + 2 < 20
-    assert settings.delivery_hold_s() == 18.0
+    # the cancel grace (1 s) and the report's confirm (2 s) are in it: 13.9 + 1 + 1 + 2 + 2 < 20
+    assert check_time_budget(settings, 13.9) == 13.9
+    assert settings.delivery_hold_s(13.9) == 18.0
     with pytest.raises(TimeBudgetError) as error:
-        check_time_budget(settings, 17.0)
+        check_time_budget(settings, 14.0)
     message = str(error.value)
     assert "WORKER_CONSUMER_TIMEOUT_CHECK_INTERVAL_S 2 s = 20 s" in message
     assert "raise the broker's consumer_timeout" in message
     assert "lower the task timeout or WORKER_RETRY_BACKOFF_MAX_S" in message
+
+
+def test_the_consumer_timeout_is_the_setting_while_the_budget_fits_under_it() -> None:
+    settings = load_settings(read_environment=False)
+    assert consumer_timeout_s(settings, 1706.0) == 1800.0
+    assert settings.delivery_hold_s(1706.0) == 1740.0
+
+
+def test_a_longer_task_gets_a_consumer_timeout_of_its_own_budget() -> None:
+    settings = load_settings(read_environment=False)
+    # 5000 + 30 + 1 + 2 + 60 = 5093 s, rounded up, + 1 s: what RabbitMQ 4.3+ is asked for
+    assert consumer_timeout_s(settings, 5000.0) == 5094.0
+    assert settings.delivery_hold_s(5000.0) == 5034.0  # the hold follows it
+    assert consumer_timeout_s(settings, 5000.0) > delivery_budget_s(settings, 5000.0) + 60
+
+
+@pytest.mark.parametrize(
+    ("version", "takes"),
+    [
+        ("4.3.6", True),
+        ("4.4.0", True),
+        ("5.0", True),
+        ("4.0.5", False),
+        ("3.10.8", False),
+        ("", False),
+        ("garbage", False),
+        ("4", False),
+    ],
+)
+def test_only_rabbitmq_4_3_and_later_takes_a_consumer_timeout_of_the_workers(
+    version: str, takes: bool
+) -> None:
+    assert takes_own_consumer_timeout(version) is takes

@@ -280,16 +280,10 @@ async def run_tick(
             "invalid setting WORKER_TRANSPORT: the tick command runs on RabbitMQ (rabbitmq)"
         )
     executor = DetachedExecutor(state_dir, target)
-    hold_s = hold_for(keep_free_s)
-    # The tick's engine holds a report only as long as the tick may: as if the broker timed
-    # its delivery out then (``WorkerSettings.delivery_hold_s``).
-    held = settings.model_copy(
-        update={
-            "worker_consumer_timeout_s": min(hold_s, settings.delivery_hold_s())
-            + settings.worker_consumer_timeout_check_interval_s
-        }
-    )
-    engine = Engine(worker, held, transport, executor, observers=observers)
+    # The tick's engine holds a report only as long as the tick may, or the broker lets it.
+    timeout_s = settings.task_timeout_s(worker.task_definition.timeout_s)
+    hold_s = min(hold_for(keep_free_s), settings.delivery_hold_s(timeout_s))
+    engine = Engine(worker, settings, transport, executor, observers=observers, hold_s=hold_s)
     report = TickReport()
     connect_s = max(1.0, min(10.0, budget_s / 3))
     try:

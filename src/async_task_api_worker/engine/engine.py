@@ -89,6 +89,9 @@ class Engine:
         monotonic: monotonic clock, in seconds (durations, the progress throttle).
         wall_clock: the current UTC time (report timestamps).
         jitter: returns a factor in [0.5, 1] applied to each exponential retry backoff.
+        hold_s: the longest a report that cannot get out holds its delivery, from its arrival,
+            in seconds; default: until the broker could time it out
+            (``WorkerSettings.delivery_hold_s``).
 
     Raises:
         NoTaskError: the worker has no task.
@@ -105,6 +108,7 @@ class Engine:
         monotonic: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         jitter: Callable[[], float] = lambda: random.uniform(0.5, 1.0),  # noqa: S311 - not crypto
+        hold_s: float | None = None,
     ) -> None:
         self._task = worker.task_definition
         self._service = worker.name
@@ -117,7 +121,7 @@ class Engine:
         self._jitter = jitter
         self._timeout_s = settings.task_timeout_s(self._task.timeout_s)
         # A report that cannot get out holds its delivery until the broker could time it out.
-        self._hold_s = settings.delivery_hold_s()
+        self._hold_s = settings.delivery_hold_s(self._timeout_s) if hold_s is None else hold_s
         # An executor whose work outlives the delivery (``hands_off``) publishes ``started``
         # itself, confirmed, before it hands the work off (``ExecutionRequest.started``).
         self._hands_off = bool(getattr(executor, "hands_off", False))

@@ -13,6 +13,7 @@ import asyncio
 from collections.abc import Callable
 from typing import Final
 
+from async_task_api_worker.broker_rules import PLACED_CONFIRM_WAIT_S
 from async_task_api_worker.cancel_token import CancelToken
 from async_task_api_worker.protocol.codes import ReportType
 
@@ -33,10 +34,6 @@ PUBLISH_RETRY_MAX_S: Final = 5.0
 PROGRESS_CONFIRM_WAIT_S: Final = 30.0
 #: The last try of a held report starts at least this long before the hold ends, in seconds.
 LAST_TRY_MARGIN_S: Final = 0.5
-#: A terminal report already on the wire when the grace period ends waits this many seconds
-#: more for its confirm: the broker has it, or is about to, and a give-back now would run the
-#: task again and report it twice (within the drain's ``GIVE_BACK_TIMEOUT_S``).
-PLACED_CONFIRM_WAIT_S: Final = 2.0
 #: While a report is held, its refusals are logged at most once per this many seconds.
 HOLD_LOG_EVERY_S: Final = 60.0
 
@@ -47,9 +44,10 @@ def abort_sparing_the_wire(
     """The abort a report of ``kind`` obeys, and the function that unregisters it from ``abort``.
 
     A terminal report (``success``, ``failure``) follows ``abort`` at once while it is not on
-    the wire (``on_wire[0]`` false); once it is, only after :data:`PLACED_CONFIRM_WAIT_S` more
-    for its confirm: the broker has it, or is about to, and a give-back now would run the task
-    again and report it twice. Any other report follows ``abort`` itself.
+    the wire (``on_wire[0]`` false); once it is, only after ``PLACED_CONFIRM_WAIT_S`` more
+    for its confirm (``broker_rules``: the time budget counts it; the drain's
+    ``GIVE_BACK_TIMEOUT_S`` allows it): the broker has it, or is about to, and a give-back now
+    would run the task again and report it twice. Any other report follows ``abort`` itself.
     """
     if abort is None or not kind.terminal:
         return abort, _nothing

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Final
+from typing import Any
 
+from async_task_api_worker.broker_rules import CANCEL_GRACE_S
 from async_task_api_worker.conclusion import Conclusion
 from async_task_api_worker.context import task_log_extra
 from async_task_api_worker.ports import ExecutionRequest
@@ -15,9 +16,6 @@ __all__ = ["CANCEL_GRACE_S", "InlineExecutor"]
 
 _logger = logging.getLogger("async_task_api_worker.executors.inline")
 
-#: How long a cancelled handler gets to unwind (its ``finally`` blocks) before it is abandoned.
-CANCEL_GRACE_S: Final = 1.0
-
 
 class InlineExecutor:
     """The executor of ``async def`` handlers.
@@ -25,9 +23,10 @@ class InlineExecutor:
     The handler runs as its own task. At the deadline it is cancelled
     (``asyncio.CancelledError`` at its current ``await``) and the task fails with
     :class:`~async_task_api_worker.errors.TaskTimeoutError`, even if the handler swallows the
-    cancel and returns late. A handler that still has not stopped :data:`CANCEL_GRACE_S` after
-    the cancel is abandoned and listed in :attr:`stuck_task_ids`. A handler that blocks the event
-    loop (``time.sleep``, CPU work) cannot be interrupted at all: use a ``def`` handler for that.
+    cancel and returns late. A handler that still has not stopped ``CANCEL_GRACE_S`` after the
+    cancel (``broker_rules``: the time budget counts it) is abandoned and listed in
+    :attr:`stuck_task_ids`. A handler that blocks the event loop (``time.sleep``, CPU work)
+    cannot be interrupted at all: use a ``def`` handler for that.
 
     Args:
         cancel_grace_s: how long a cancelled handler gets to unwind, in seconds.

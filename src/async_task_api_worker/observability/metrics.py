@@ -62,8 +62,10 @@ from async_task_api_worker._version import __version__
 from async_task_api_worker.context import ProgressDropReason
 from async_task_api_worker.ports import (
     AckFailed,
+    CancelCause,
     CancelRequested,
     CancelResult,
+    ConsumerCancelled,
     DeliveryReceived,
     DeliverySettled,
     EngineEvent,
@@ -235,6 +237,13 @@ class WorkerMetrics:
             ["result"],
             registry=registry,
         )
+        self.consumer_cancels = Counter(
+            "worker_consumer_cancels_total",
+            "Consumers the broker cancelled (basic.cancel), by cause (consumer_timeout, other); "
+            "the worker consumed again each time.",
+            ["cause"],
+            registry=registry,
+        )
         Info("worker_sdk", "The async-task-api-worker SDK.", registry=registry).info(
             {"version": __version__}
         )
@@ -255,6 +264,8 @@ class WorkerMetrics:
             self.progress_dropped.labels(drop.value)
         for result in CancelResult:
             self.cancel_requests.labels(result.value)
+        for cause in CancelCause:
+            self.consumer_cancels.labels(cause.value)
         self.loop_lag.labels(LOOP_LAG_COMPONENT).set(0.0)
 
     def notify(self, event: EngineEvent) -> None:
@@ -276,6 +287,8 @@ class WorkerMetrics:
             self.ack_failures.inc()
         elif isinstance(event, CancelRequested):
             self.cancel_requests.labels(_one_of(event.result, _CANCEL_RESULTS)).inc()
+        elif isinstance(event, ConsumerCancelled):
+            self.consumer_cancels.labels(event.cause.value).inc()
 
     def _settled(self, event: DeliverySettled) -> None:
         settlement = event.settlement

@@ -1,7 +1,8 @@
 """Running a worker from code (``worker.run()``, ``await worker.serve()``) or the CLI.
 
-Startup order (seed, "Running a worker"): the settings are read and validated, and the time
-budget checked, before any connection; an invalid configuration exits 2 with one line.
+Startup order (seed, "Running a worker"): the settings are read and validated before any
+connection, and RabbitMQ's time budget as soon as the broker's version is known; an invalid
+configuration exits 2 with one line.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from async_task_api_worker.definition import Worker
-from async_task_api_worker.errors import ConfigError, SettingsError, TransportError
+from async_task_api_worker.errors import ConfigError, SettingsError, TimeBudgetError, TransportError
 from async_task_api_worker.observability.logging import configure_logging
 from async_task_api_worker.ports import Transport
 from async_task_api_worker.runtime.exit_codes import ExitCode, say_error
@@ -29,6 +30,7 @@ from async_task_api_worker.settings import (
     WorkerSettings,
     WorkerTransport,
     check_time_budget,
+    consumer_timeout_s,
     load_settings,
 )
 
@@ -70,10 +72,8 @@ def check_worker(worker: Worker, settings: WorkerSettings) -> WorkerSettings:
         SettingsError: as :func:`prepare`, but for the loading.
         NoTaskError: the worker has no task.
     """
-    if settings.worker_transport is WorkerTransport.RABBITMQ:
-        # RabbitMQ's consumer timeout bounds a delivery's life; Step Functions keeps a token
-        # alive with heartbeats instead, and retries on its own.
-        check_time_budget(settings, worker.task_definition.timeout_s)
+    # RabbitMQ's time budget is checked once the broker's version is known, by the transport's
+    # connect: from 4.3 the worker sets its own consumer timeout (``transport_for``).
     loop_factory(settings.worker_event_loop)  # WORKER_EVENT_LOOP=uvloop needs uvloop installed
     return settings
 
@@ -122,6 +122,12 @@ def transport_for(worker: Worker, settings: WorkerSettings, **options: Any) -> T
         )
     from async_task_api_worker.transports.rabbitmq import RabbitMQTransport
 
+    timeout_s = settings.task_timeout_s(worker.task_definition.timeout_s)
+    budget_error: TimeBudgetError | None = None
+    try:
+        check_time_budget(settings, worker.task_definition.timeout_s)
+    except TimeBudgetError as exc:  # raised by connect() on a broker before 4.3
+        budget_error = exc
     return RabbitMQTransport(
         urls=settings.broker_urls(),
         in_queue=settings.in_queue(worker.name),
@@ -132,6 +138,8 @@ def transport_for(worker: Worker, settings: WorkerSettings, **options: Any) -> T
         connect_timeout_s=connect_timeout_s,
         control_exchange=settings.control_exchange(worker.name),
         max_body_bytes=settings.worker_max_message_bytes,
+        consumer_timeout_s=consumer_timeout_s(settings, timeout_s),
+        time_budget_error=budget_error,
     )
 
 

@@ -82,9 +82,10 @@ class Runner:
         self._executor: Executor = executor or executor_for(
             worker.task_definition, settings.worker_concurrency
         )
-        self._engine = Engine(
-            worker, settings, transport, self._executor, observers=(self.metrics, *observers)
-        )
+        observers = (self.metrics, *observers)
+        self._engine = Engine(worker, settings, transport, self._executor, observers=observers)
+        for observer in observers:  # what the broker does to the consumer (its cancels)
+            transport.observe(observer)
         self._grace_s = drain_grace_s(settings, self._engine.task_timeout_s)
         self._state = RunnerState.CREATED
         self._stop = StopSignal()

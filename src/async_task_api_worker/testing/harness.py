@@ -141,13 +141,21 @@ class WorkerHarness:
             needs its cap, ``worker_retry_backoff_max_s``, too); every other setting is the
             production default.
 
+        hold_s: the longest a report the broker refuses holds its delivery, in seconds (a
+            short one shows a give-back quickly); default: as in production
+            (``WorkerSettings.delivery_hold_s``).
+
     Raises:
         NoTaskError: the worker has no task.
         SettingsError: an override is invalid (``TimeBudgetError`` for the time budget).
     """
 
     def __init__(
-        self, worker: Worker, *, settings_overrides: Mapping[str, Any] | None = None
+        self,
+        worker: Worker,
+        *,
+        settings_overrides: Mapping[str, Any] | None = None,
+        hold_s: float | None = None,
     ) -> None:
         values: dict[str, Any] = {
             "worker_retry_backoff_s": HARNESS_BACKOFF_S,
@@ -177,7 +185,7 @@ class WorkerHarness:
             worker.task_definition, self.settings.worker_concurrency
         )
         self._engine = Engine(
-            worker, self.settings, self.transport, self._executor, observers=[self]
+            worker, self.settings, self.transport, self._executor, observers=[self], hold_s=hold_s
         )
         # As the broker's prefetch does in production: at most WORKER_CONCURRENCY at once.
         self._slots = asyncio.Semaphore(self.settings.worker_concurrency)

@@ -207,8 +207,14 @@ def test_check_prints_the_budget_and_the_shutdown_bound(
     out = capsys.readouterr().out
     assert "worker count-words: async handler, service mode" in out
     assert (
-        "time budget: task timeout 30 s + WORKER_RETRY_BACKOFF_MAX_S 30 s + "
-        "WORKER_CONSUMER_TIMEOUT_CHECK_INTERVAL_S 60 s = 120 s < WORKER_CONSUMER_TIMEOUT_S "
+        "time budget: task timeout 30 s + WORKER_RETRY_BACKOFF_MAX_S 30 s + cancel grace 1 s + "
+        "report confirm 2 s + WORKER_CONSUMER_TIMEOUT_CHECK_INTERVAL_S 60 s = 123 s"
+    ) in out
+    assert "on RabbitMQ 4.3+, a quorum queue: the worker asks for a consumer timeout of 1800 s" in (
+        out
+    )
+    assert (
+        "on RabbitMQ before 4.3 (its own consumer timeout): under WORKER_CONSUMER_TIMEOUT_S "
         "1800 s: ok"
     ) in out
     assert "holds its delivery for up to 1740 s from its arrival" in out
@@ -233,12 +239,17 @@ def test_check_names_the_event_loop_and_refuses_a_missing_uvloop(
     assert len(err.strip().splitlines()) == 1
 
 
-def test_check_exits_2_when_the_budget_fails(
+def test_check_says_which_consumer_timeout_applies_to_a_task_longer_than_the_brokers(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("WORKER_TASK_TIMEOUT_S", "5000")
-    assert main(["check", "examples.count_words:worker"]) == 2
-    assert "must be under WORKER_CONSUMER_TIMEOUT_S" in capsys.readouterr().err
+    assert main(["check", "examples.count_words:worker"]) == 0  # it runs on RabbitMQ 4.3+
+    out = capsys.readouterr().out
+    # 5000 + 30 + 1 + 2 + 60 = 5093 s, rounded up, + 1 s
+    assert "the worker asks for a consumer timeout of 5094 s (x-consumer-timeout)" in out
+    assert "before 4.3 (its own consumer timeout): the worker does not start: " in out
+    assert "must be under WORKER_CONSUMER_TIMEOUT_S 1800 s on RabbitMQ before 4.3" in out
+    assert "holds its delivery for up to 5034 s from its arrival" in out
 
 
 @pytest.mark.parametrize(

@@ -67,8 +67,12 @@ def worker() -> Worker:
     return definition
 
 
-def engine_on(transport: InMemoryTransport, executor: HandingOff, **settings: object) -> Engine:
-    return Engine(worker(), load_settings(settings, read_environment=False), transport, executor)
+def engine_on(
+    transport: InMemoryTransport, executor: HandingOff, hold_s: float | None = None
+) -> Engine:
+    return Engine(
+        worker(), load_settings({}, read_environment=False), transport, executor, hold_s=hold_s
+    )
 
 
 def deliver(transport: InMemoryTransport) -> Delivery:
@@ -111,12 +115,7 @@ async def test_a_started_that_does_not_get_out_hands_nothing_off_and_gives_the_d
 ):
     transport = RefusesStarted()
     executor = HandingOff(transport, set())
-    engine = engine_on(
-        transport,
-        executor,
-        worker_consumer_timeout_s=0.6,
-        worker_consumer_timeout_check_interval_s=0.5,
-    )
+    engine = engine_on(transport, executor, hold_s=0.1)
     settlement = await engine.handle(deliver(transport))
     assert (settlement.outcome, settlement.action, settlement.requeue_counted) == (
         Outcome.PUBLISH_FAILED,

@@ -22,8 +22,8 @@ from async_task_api_worker.transports.memory import InMemoryTransport
 from tests.unit.engine.test_pushback import deliver, engine_for
 
 #: A hold with room for a retry (the last try starts 0.5 s before the hold ends).
-ROOM_TO_RETRY = {"worker_consumer_timeout_s": 3.0, "worker_consumer_timeout_check_interval_s": 0.5}
-SHORT_HOLD = {"worker_consumer_timeout_s": 1.0, "worker_consumer_timeout_check_interval_s": 0.5}
+ROOM_TO_RETRY = {"hold_s": 2.5}
+SHORT_HOLD = {"hold_s": 0.5}
 
 
 class Input(BaseModel):

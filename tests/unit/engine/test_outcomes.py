@@ -303,12 +303,7 @@ async def test_a_body_over_the_size_limit_is_poison() -> None:
 
 
 #: A broker that may time a delivery out 0.5 s after it arrived: the hold is that short.
-SHORT_HOLD = {
-    "worker_consumer_timeout_s": 1.0,
-    "worker_consumer_timeout_check_interval_s": 0.5,
-    "worker_task_timeout_s": 0.2,
-    "worker_retry_backoff_max_s": 0.1,
-}
+SHORT_HOLD = {"worker_task_timeout_s": 0.2, "worker_retry_backoff_max_s": 0.1}
 
 
 async def test_a_success_refused_a_few_times_is_held_then_published_and_acked() -> None:
@@ -323,7 +318,9 @@ async def test_a_success_refused_a_few_times_is_held_then_published_and_acked() 
 async def test_a_success_refused_until_the_hold_ends_is_given_back_not_acked(
     decisions: pytest.LogCaptureFixture,
 ) -> None:
-    async with WorkerHarness(make_worker("ok"), settings_overrides=SHORT_HOLD) as harness:
+    async with WorkerHarness(
+        make_worker("ok"), settings_overrides=SHORT_HOLD, hold_s=0.5
+    ) as harness:
         harness.fail_next_publish("success", times=None)
         run = await harness.submit({"text": "hi"})
         assert harness.transport.acked == []
@@ -346,7 +343,9 @@ async def test_a_started_that_cannot_get_out_gives_the_delivery_back_with_nothin
 ):
     # The handler runs while ``started`` is held (one confirm round trip per task); the
     # success then waits for ``started``, which gives up, and nothing is published.
-    async with WorkerHarness(make_worker("ok"), settings_overrides=SHORT_HOLD) as harness:
+    async with WorkerHarness(
+        make_worker("ok"), settings_overrides=SHORT_HOLD, hold_s=0.5
+    ) as harness:
         harness.fail_next_publish(times=None)
         run = await harness.submit({"text": "hi"})
     assert run.outcome is Outcome.NACKED_REQUEUE
@@ -355,7 +354,9 @@ async def test_a_started_that_cannot_get_out_gives_the_delivery_back_with_nothin
 
 
 async def test_a_failed_failure_publish_requeues() -> None:
-    async with WorkerHarness(make_worker("fatal"), settings_overrides=SHORT_HOLD) as harness:
+    async with WorkerHarness(
+        make_worker("fatal"), settings_overrides=SHORT_HOLD, hold_s=0.5
+    ) as harness:
         harness.fail_next_publish("failure", times=None)
         run = await harness.submit({"text": "hi"})
     assert run.outcome is Outcome.NACKED_REQUEUE
@@ -402,7 +403,7 @@ async def test_concurrent_submits_are_each_settled_once() -> None:
 def test_the_harness_checks_the_budget_with_the_production_backoff_cap() -> None:
     worker = Worker("svc")
 
-    @worker.task(timeout=1720.0)  # 1720 + 30 + 60 = 1810 s: over 1800 s in production
+    @worker.task(timeout=1720.0)  # 1720 + 30 + 1 + 2 + 60 = 1813 s: over 1800 s before 4.3
     async def handle(task_input: Input, ctx: TaskContext) -> Output:
         return Output(echoed="")
 

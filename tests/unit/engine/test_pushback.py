@@ -74,9 +74,15 @@ class SizeLimited(InMemoryTransport):
         await super().publish(delivery, report)
 
 
-def engine_for(worker: Worker, transport: InMemoryTransport, **settings: object) -> Engine:
+def engine_for(
+    worker: Worker, transport: InMemoryTransport, hold_s: float | None = None, **settings: object
+) -> Engine:
     return Engine(
-        worker, load_settings(settings, read_environment=False), transport, InlineExecutor()
+        worker,
+        load_settings(settings, read_environment=False),
+        transport,
+        InlineExecutor(),
+        hold_s=hold_s,
     )
 
 

@@ -79,6 +79,7 @@ def build(
     worker: Worker,
     transport: InMemoryTransport | None = None,
     observers: list[Recorder] | None = None,
+    hold_s: float | None = None,
     **settings: object,
 ) -> tuple[Engine, InMemoryTransport]:
     transport = transport or InMemoryTransport()
@@ -88,6 +89,7 @@ def build(
         transport,
         InlineExecutor(),
         observers=observers or [],
+        hold_s=hold_s,
     )
     return engine, transport
 
@@ -373,8 +375,7 @@ async def test_past_the_hold_the_delivery_is_given_back_without_burning_an_attem
     engine, _ = build(
         ok_worker(),
         transport,
-        worker_consumer_timeout_s=2.0,
-        worker_consumer_timeout_check_interval_s=0.5,
+        hold_s=1.5,
         worker_task_timeout_s=0.1,
         worker_retry_backoff_s=0.1,
         worker_retry_backoff_max_s=0.1,

@@ -12,6 +12,7 @@ import sys
 from collections.abc import Mapping
 
 from async_task_api_worker.cli.loading import load_target
+from async_task_api_worker.errors import TimeBudgetError
 from async_task_api_worker.runtime.entry import shutdown_bounds
 from async_task_api_worker.runtime.exit_codes import ExitCode
 from async_task_api_worker.runtime.hooks import close_timeout_s
@@ -21,6 +22,8 @@ from async_task_api_worker.settings import (
     SILENT_HEARTBEATS_TO_DEAD,
     WorkerSettings,
     WorkerTransport,
+    check_time_budget,
+    consumer_timeout_s,
     describe_time_budget,
     load_settings,
 )
@@ -113,13 +116,21 @@ def _print_rabbitmq(settings: WorkerSettings, timeout_s: float) -> None:
         f"{settings.broker_heartbeat_s} s (a connection silent for "
         f"{SILENT_HEARTBEATS_TO_DEAD * settings.broker_heartbeat_s} s is taken for dead)"
     )
+    print(f"time budget: {describe_time_budget(settings, timeout_s)}")
+    own_s = consumer_timeout_s(settings, timeout_s)
     print(
-        f"time budget: {describe_time_budget(settings, timeout_s)} < WORKER_CONSUMER_TIMEOUT_S "
-        f"{settings.worker_consumer_timeout_s:g} s: ok"
+        f"  on RabbitMQ 4.3+, a quorum queue: the worker asks for a consumer timeout of "
+        f"{own_s:g} s (x-consumer-timeout); a classic queue has none"
     )
+    try:
+        check_time_budget(settings, timeout_s)  # the effective timeout: the same again
+        older = f"under WORKER_CONSUMER_TIMEOUT_S {settings.worker_consumer_timeout_s:g} s: ok"
+    except TimeBudgetError as exc:
+        older = f"the worker does not start: {exc}"
+    print(f"  on RabbitMQ before 4.3 (its own consumer timeout): {older}")
     print(
         f"a report that cannot get out holds its delivery for up to "
-        f"{settings.delivery_hold_s():g} s from its arrival, then gives it back"
+        f"{settings.delivery_hold_s(timeout_s):g} s from its arrival, then gives it back"
     )
     print(f"largest report: {settings.worker_max_report_bytes} bytes (WORKER_MAX_REPORT_BYTES)")
 
@@ -139,7 +150,8 @@ def _print_sqs_sfn(settings: WorkerSettings, timeout_s: float) -> None:
         "at a time while a message is in hand (no consumer timeout: heartbeats keep a token alive)"
     )
     print(
-        f"a report Step Functions does not take is held for up to {settings.delivery_hold_s():g} "
+        f"a report Step Functions does not take is held for up to "
+        f"{settings.delivery_hold_s(timeout_s):g} "
         "s, then the task is handed back (error TASK_GIVEN_BACK)"
     )
     print(f"largest output: {MAX_OUTPUT_BYTES} bytes (Step Functions' limit)")

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 from async_task_api_worker.errors import PublishError, SettleError
-from async_task_api_worker.ports import Delivery
+from async_task_api_worker.ports import Delivery, Observer
 from async_task_api_worker.protocol.envelope import DEFAULT_MAX_BODY_BYTES
 from async_task_api_worker.protocol.reports import EncodedReport
 from async_task_api_worker.transports.memory.messages import (
@@ -177,6 +177,9 @@ class InMemoryTransport:
     async def connect(self) -> None:
         """Nothing to connect to; marks the transport as consuming."""
         self._consuming = True
+
+    def observe(self, observer: Observer) -> None:
+        """Nothing to tell: this broker never cancels a consumer (``Transport.observe``)."""
 
     def listen_for_cancels(self, handler: Callable[[bytes], object]) -> bool:
         """Hand the bodies given to :meth:`publish_cancel` to ``handler`` from now on."""

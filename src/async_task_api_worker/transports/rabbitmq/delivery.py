@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import time
 from collections.abc import Callable, Mapping
 from decimal import Decimal
 from typing import Any
@@ -80,10 +81,21 @@ class RabbitDelivery(Delivery):
         done: called once with the delivery at its first settle (the transport forgets it).
 
     Attributes:
-        lost: its channel closed: the broker requeued it (set by the transport).
+        lost: the broker requeued it (its channel closed, or it was held past the consumer
+            timeout): set by the transport.
+        received_at: when it arrived (``time.monotonic()``), in seconds.
     """
 
-    __slots__ = ("_done", "_reports", "_settled", "_settles", "lost", "tag", "trail")
+    __slots__ = (
+        "_done",
+        "_reports",
+        "_settled",
+        "_settles",
+        "lost",
+        "received_at",
+        "tag",
+        "trail",
+    )
 
     def __init__(
         self,
@@ -103,6 +115,7 @@ class RabbitDelivery(Delivery):
         self.tag = tag
         self.trail = ReportTrail()
         self.lost = False
+        self.received_at = time.monotonic()
         self._settles = settles
         self._reports = reports
         self._done = done

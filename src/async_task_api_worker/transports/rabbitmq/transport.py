@@ -6,8 +6,13 @@ into the SDK's own in ``failures``.
 When a channel closes (connection loss, consumer timeout, a precondition failure) the broker
 requeues its unacked deliveries itself. Their handlers are cancelled, since another attempt is
 already on its way, and they are never acked or nacked on the reopened channel (their delivery
-tags belong to the dead one). aio-pika's robust channel reopens and restores the consumer; if
-the consume channel closes again and again, the transport gives up.
+tags belong to the dead one). aio-pika's robust channel reopens, and the consumer starts again
+on it with a new tag (``consumer``), as after the broker cancelled it; if the consume channel
+closes again and again, the transport gives up.
+
+From RabbitMQ 4.3 the worker asks for its own consumer timeout on a quorum queue
+(``x-consumer-timeout``: ``broker_rules.consumer_timeout_s``); before, the time budget must
+fit under the broker's, and :meth:`RabbitMQTransport.connect` raises the budget's error.
 """
 
 from __future__ import annotations
@@ -18,18 +23,22 @@ import logging
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 
 import aiormq
-from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractQueue
+from aio_pika.abc import AbstractRobustChannel
+from aiormq.abc import DeliveredMessage
 
+from async_task_api_worker.broker_rules import takes_own_consumer_timeout
 from async_task_api_worker.errors import (
     BrokerRefusedError,
+    TimeBudgetError,
     TransportError,
 )
-from async_task_api_worker.ports import Delivery
+from async_task_api_worker.ports import CancelCause, ConsumerCancelled, Delivery, Observer
 from async_task_api_worker.protocol.envelope import DEFAULT_MAX_BODY_BYTES, read_envelope
 from async_task_api_worker.transports.rabbitmq.acks import ChannelSettles, Settle
+from async_task_api_worker.transports.rabbitmq.consumer import Consumer
 from async_task_api_worker.transports.rabbitmq.control import listen_for_cancels
 from async_task_api_worker.transports.rabbitmq.delivery import RabbitDelivery, delivery_count_of
-from async_task_api_worker.transports.rabbitmq.failures import CHANNEL_GONE, setup_error
+from async_task_api_worker.transports.rabbitmq.failures import setup_error
 from async_task_api_worker.transports.rabbitmq.link import BrokerLink
 from async_task_api_worker.transports.rabbitmq.reports import ReportPublisher
 from async_task_api_worker.transports.rabbitmq.topology import declare_queue, queue_type
@@ -64,6 +73,10 @@ class RabbitMQTransport:
         control_exchange: the exchange cancel requests come on (``CONTROL_EXCHANGE_NAME``).
         max_body_bytes: the largest body accepted (``WORKER_MAX_MESSAGE_BYTES``); a larger one
             is a poison message.
+        consumer_timeout_s: the consumer timeout asked for where the broker takes one
+            (``broker_rules.consumer_timeout_s``), in seconds; ``None``: never asked.
+        time_budget_error: raised by :meth:`connect` on a broker that takes none, when the time
+            budget does not fit under its own (``broker_rules.check_time_budget``).
     """
 
     def __init__(
@@ -80,7 +93,12 @@ class RabbitMQTransport:
         reopen_timeout_s: float = REOPEN_TIMEOUT_S,
         control_exchange: str | None = None,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        consumer_timeout_s: float | None = None,
+        time_budget_error: TimeBudgetError | None = None,
     ) -> None:
+        self._consumer_timeout_s = consumer_timeout_s
+        self._time_budget_error = time_budget_error
+        self._observers: list[Observer] = []
         self._max_body_bytes = max_body_bytes
         self._control_exchange = control_exchange
         self._cancel_handler: Callable[[bytes], object] | None = None
@@ -101,17 +119,16 @@ class RabbitMQTransport:
         self._consumer = link(f"{service} worker")
         self._publisher = link(f"{service} worker reports")
         self._reports = ReportPublisher(self._publisher, out_queue)
-        self._consume_channel: AbstractChannel | None = None
-        self._in_queue: AbstractQueue | None = None
+        self._consume_channel: AbstractRobustChannel | None = None
         self._count_known = True
         self._inbox: asyncio.Queue[RabbitDelivery | GaveUp | None] = asyncio.Queue()
-        self._consumer_tag: str | None = None
         self._watch = ChannelWatch(
             in_queue,
             reopen_timeout_s,
             connected=lambda: self._consumer.connected,
             gave_up=self._inbox.put_nowait,
         )
+        self._tasks_consumer = Consumer(in_queue, self._watch, self._on_message, self._cancelled)
         self._settles: ChannelSettles | None = None
 
     # ------------------------------------------------------------------ connecting
@@ -126,13 +143,12 @@ class RabbitMQTransport:
         """Whether the consumer is active on a connection known to be alive.
 
         ``False`` while reconnecting, and once a heartbeat has passed without a frame from the
-        broker. aio-pika restores the consumer before it calls the channel's reopen callbacks,
-        so the channel counts as open again only once consuming has resumed.
+        broker. The consumer starts again before the channel counts as open again.
         """
         return (
             self._consumer.alive
             and self._watch.open
-            and self._consumer_tag is not None
+            and self._tasks_consumer.tag is not None
             and not self._watch.stopping
         )
 
@@ -151,19 +167,24 @@ class RabbitMQTransport:
         Raises:
             BrokerRefusedError: the broker refused the credentials, the vhost or a queue.
             BrokerUnavailableError: no broker was reached within ``connect_timeout_s``.
+            TimeBudgetError: the broker sets no consumer timeout of the worker's asking (before
+                RabbitMQ 4.3) and the time budget does not fit under its own.
             TransportError: the queues could not be declared.
         """
         connection = await self._consumer.open()
         try:
             consume = await connection.channel()
             await consume.set_qos(prefetch_count=self._prefetch)
-            self._in_queue = await declare_queue(consume, self._in_queue_name)
+            await declare_queue(consume, self._in_queue_name)
             await declare_queue(consume, self._out_queue_name)
             self._count_known = await queue_type(connection, self._in_queue_name) == "quorum"
+            client = await consume.get_underlay_channel()
+            version = str(client.connection.server_properties.get("version", ""))
+            self._ask_consumer_timeout(version)
             if self._cancel_handler is not None and self._control_exchange is not None:
                 await listen_for_cancels(connection, self._control_exchange, self._cancel_handler)
             await self._reports.open()
-        except BrokerRefusedError:
+        except (BrokerRefusedError, TimeBudgetError):
             await self.close()
             raise
         except Exception as exc:
@@ -171,20 +192,53 @@ class RabbitMQTransport:
             raise self._control_error(exc) from exc
         self._consume_channel = consume
         consume.close_callbacks.add(self._watch.closed)
-        consume.reopen_callbacks.add(self._watch.reopened_again)
+        self._tasks_consumer.attach(consume)
         if not self._count_known:
             _logger.warning(
                 "Queue %s is not a quorum queue: the broker keeps no delivery count, so a "
                 "RetryableError gets one retry and a crash loop cannot be detected",
                 self._in_queue_name,
             )
+        timeout_s = self._tasks_consumer.timeout_s
         _logger.info(
-            "Connected to %s: consuming %s, reporting to %s, prefetch %d",
+            "Connected to %s (RabbitMQ %s): consuming %s, reporting to %s, prefetch %d, %s",
             self._consumer.url_for_logs,
+            version or "of unknown version",
             self._in_queue_name,
             self._out_queue_name,
             self._prefetch,
+            "the broker's consumer timeout"
+            if timeout_s is None
+            else f"a consumer timeout of the worker's own, {timeout_s:g} s",
         )
+
+    def _ask_consumer_timeout(self, version: str) -> None:
+        """Ask for the worker's own consumer timeout where the broker takes one (``broker_rules``).
+
+        Raises:
+            TimeBudgetError: the broker has only its own, and the time budget does not fit.
+        """
+        if not takes_own_consumer_timeout(version):
+            if self._time_budget_error is not None:
+                raise self._time_budget_error
+        elif self._count_known and self._consumer_timeout_s is not None:
+            # A classic queue refuses the argument, and has no consumer timeout from 4.3 at all.
+            self._tasks_consumer.timeout_s = self._consumer_timeout_s
+            self._tasks_consumer.arguments = {
+                "x-consumer-timeout": round(self._consumer_timeout_s * 1000)
+            }
+
+    def observe(self, observer: Observer) -> None:
+        """Tell ``observer`` of each consumer the broker cancelled (``ConsumerCancelled``)."""
+        self._observers.append(observer)
+
+    def _cancelled(self, cause: CancelCause) -> None:
+        event = ConsumerCancelled(cause)
+        for observer in self._observers:
+            try:
+                observer.notify(event)
+            except Exception:
+                _logger.exception("An observer failed on %s", event)
 
     def listen_for_cancels(self, handler: Callable[[bytes], object]) -> bool:
         """Receive cancel requests on the control exchange from :meth:`connect` on.
@@ -214,9 +268,9 @@ class RabbitMQTransport:
         Raises:
             BrokerUnavailableError: the consume channel kept closing; the transport gave up.
         """
-        if self._in_queue is None:
+        if self._consume_channel is None:
             raise TransportError("connect() first")
-        await self._start_consuming(self._in_queue)
+        await self._tasks_consumer.start()
         while True:
             item = await self._inbox.get()
             if item is None:
@@ -225,7 +279,7 @@ class RabbitMQTransport:
                 raise item.error
             yield item
 
-    async def _on_message(self, message: AbstractIncomingMessage) -> None:
+    async def _on_message(self, message: DeliveredMessage) -> None:
         try:
             tag = message.delivery_tag or 0
             settles = self._settles_of(message.channel)
@@ -233,7 +287,7 @@ class RabbitMQTransport:
         except Exception:  # its channel closed already: the broker requeued it
             return
         try:
-            headers = dict(message.headers or {})
+            headers = dict(message.header.properties.headers or {})
             redelivered = bool(message.redelivered)
             delivery = RabbitDelivery(
                 read_envelope(message.body, max_body_bytes=self._max_body_bytes),
@@ -261,34 +315,6 @@ class RabbitMQTransport:
         self._watch.in_flight.add(delivery)
         self._inbox.put_nowait(delivery)
 
-    async def _start_consuming(self, queue: AbstractQueue) -> None:
-        """``basic.consume``; again on the reopened channel if the broker closes it meanwhile.
-
-        aio-pika restores only a consumer that started, so a close that crosses the start (it
-        is counted by the close callback, as any) is waited out here.
-
-        Raises:
-            BrokerUnavailableError: the channel kept closing (the transport gave up).
-        """
-        while True:
-            try:
-                self._consumer_tag = await queue.consume(self._on_message)
-                return
-            except CHANNEL_GONE as exc:
-                channel = self._consume_channel
-                if channel is not None and channel.is_closed:
-                    self._watch.reopened.clear()  # its reopen (or the give-up) sets it
-                if self._watch.gave_up is not None:
-                    raise self._watch.gave_up from exc
-                if self._watch.stopping:
-                    raise TransportError("stopped while the consumer started") from exc
-                _logger.info(
-                    "The consume channel closed while the consumer started (%s); starting it "
-                    "again once the channel reopens",
-                    type(exc).__name__,
-                )
-                await self._watch.reopened.wait()
-
     def _settles_of(self, channel: object) -> ChannelSettles:
         # Delivery tags belong to one channel, and start at 1 again on a reopened one.
         settles = self._settles
@@ -306,10 +332,7 @@ class RabbitMQTransport:
         the broker requeues it when the connection closes.
         """
         self._watch.stopping = True
-        if self._in_queue is not None and self._consumer_tag is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._in_queue.cancel(self._consumer_tag), timeout=4.0)
-            self._consumer_tag = None
+        await self._tasks_consumer.stop()
         left: list[RabbitDelivery] = []
         while not self._inbox.empty():
             item = self._inbox.get_nowait()

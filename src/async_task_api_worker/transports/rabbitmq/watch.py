@@ -3,8 +3,9 @@
 When a channel closes (connection loss, consumer timeout, a precondition failure) the broker
 requeues its unacked deliveries itself. Their handlers are cancelled, since another attempt is
 already on its way, and they are never acked or nacked on the reopened channel (their delivery
-tags belong to the dead one). aio-pika's robust channel reopens and restores the consumer; if
-the broker keeps closing it on a live connection, or does not let it reopen, the watch gives up.
+tags belong to the dead one). aio-pika's robust channel reopens, and the consumer starts again
+on it (``consumer``); if the broker keeps closing it on a live connection, or does not let it
+reopen, the watch gives up.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Final
 
 import aiormq
@@ -58,7 +59,7 @@ class ChannelWatch:
 
     Attributes:
         in_flight: the deliveries received and not settled yet.
-        open: whether the channel is open (aio-pika restores the consumer before it says so).
+        open: whether the channel is open (the consumer starts again before it says so).
         reopened: set while the channel is open.
         stopping: set by the transport's own stop: a close is then not a failure.
         gave_up: why the watch gave up, once it has.
@@ -97,10 +98,7 @@ class ChannelWatch:
         self.open = False
         self.reopened.clear()
         lost = list(self.in_flight)
-        self.in_flight.clear()
-        for delivery in lost:
-            delivery.lost = True
-            delivery.cancel_token.cancel("the channel closed; the broker requeued the delivery")
+        self.withdraw(lost, "the channel closed; the broker requeued the delivery")
         _logger.warning(
             "The consume channel closed (%s); %d in-flight deliveries were requeued by the "
             "broker and their handlers stopped; the channel reopens",
@@ -125,6 +123,17 @@ class ChannelWatch:
             )
             return
         asyncio.get_running_loop().call_later(self._reopen_timeout_s, self._check_reopened, now)
+
+    def withdraw(self, deliveries: Iterable[RabbitDelivery], why: str) -> None:
+        """Withdraw ``deliveries``, which the broker requeued.
+
+        They are never reported on or settled again, and their handlers are stopped (``why`` is
+        their cancel's reason).
+        """
+        for delivery in list(deliveries):
+            self.in_flight.discard(delivery)
+            delivery.lost = True
+            delivery.cancel_token.cancel(why)
 
     def _check_reopened(self, closed_at: float) -> None:
         # Still closed since that close (the last), on a live connection: the restore failed.

@@ -29,7 +29,7 @@ from async_task_api_worker.errors import (
     SettleError,
 )
 from async_task_api_worker.observability.redaction import exception_type_name
-from async_task_api_worker.ports import Delivery
+from async_task_api_worker.ports import Delivery, Observer
 from async_task_api_worker.transports.sqs_sfn.aws import (
     QueueRefusedError,
     SqsApi,
@@ -163,6 +163,9 @@ class SqsSfnTransport:
             protection = self._protection if self._protection is not None else TaskProtection()
             self._lease = ProtectionLease(protection, self._protection_minutes, self._call)
         return self._sqs, self._tokens, self._lease
+
+    def observe(self, observer: Observer) -> None:
+        """Nothing to tell: this broker never cancels a consumer (``Transport.observe``)."""
 
     def listen_for_cancels(self, handler: Callable[[bytes], object]) -> bool:
         """No cancel reaches this face: Step Functions stops an execution itself (docs/sfn.md)."""
