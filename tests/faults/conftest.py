@@ -128,25 +128,60 @@ def machine_broker() -> Iterator[Broker]:
         rabbitmqctl("delete_vhost", vhost)
 
 
-def own_node(version: str, **spec: Any) -> Iterator[Broker]:
-    """A fresh node of the case's own (a name and free ports of its own, and for 4.0 an epmd
-    of its own); stopped and deleted afterwards."""
-    if version == "4.0" and not root_ready(default_root()):
+#: Where each version's RabbitMQ comes from, besides the machine's 3.10: a Debian root.
+#: 4.3 is Debian sid's RabbitMQ, run by the script like a 4.0 root (``ATW_RABBITMQ43_ROOT``).
+ROOTS: dict[str, Callable[[], Path]] = {
+    "4.0": default_root,
+    "4.3": lambda: Path(os.environ.get("ATW_RABBITMQ43_ROOT") or "/var/tmp/atw/sid-root"),  # noqa: S108
+}
+
+
+def _usable_root(version: str) -> Path:
+    """The root of ``version``'s nodes, built the first time (4.0) or skipped without it."""
+    root = ROOTS[version]()
+    if version == "4.0" and not root_ready(root):
         try:  # the first time on a machine: about 35 s (debootstrap from Debian's archive)
-            build_root(default_root())
+            build_root(root)
         except Exception as exc:
-            message = f"no Debian 13 root at {default_root()} and none could be built: {exc}"
+            message = f"no Debian 13 root at {root} and none could be built: {exc}"
             if os.environ.get("CI") == "true":
                 pytest.fail(message)
             pytest.skip(message)
-    extra = {"epmd_port": free_port()} if version == "4.0" else {}
+    if not root_ready(root):
+        message = f"no RabbitMQ {version} root at {root}"
+        if os.environ.get("CI") == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    return root
+
+
+def own_node(version: str, **spec: Any) -> Iterator[Broker]:
+    """A fresh node of the case's own (a name and free ports of its own, and for 4.x an epmd
+    of its own); stopped and deleted afterwards."""
+    extra: dict[str, Any] = {}
+    if version in ROOTS:
+        extra = {"epmd_port": free_port(), "root": _usable_root(version), "version": "4.0"}
     name = node_name(f"atw-fault-{version.replace('.', '')}")
-    node = Node(NodeSpec(name=name, port=node_port(), version=version, **extra, **spec))
+    node = Node(NodeSpec(name=name, port=node_port(), **{"version": version, **extra, **spec}))
     try:
         node.start(fresh=True)
         yield Broker(label=f"{node.server_version()} (own node)", node=node)
     finally:
         node.remove()
+
+
+def on_versions(*versions: str, **spec: Any) -> list[Any]:
+    """Indirect parameters of :func:`node`: one per version, each with the ``NodeSpec``
+    fields ``spec`` (``conf``, ``advanced_config``); their ids are the versions."""
+    return [pytest.param({"version": version, **spec}, id=version) for version in versions]
+
+
+@pytest.fixture
+def node(request: pytest.FixtureRequest) -> Iterator[Broker]:
+    """A node of the case's own, of the version and spec of its indirect parameter
+    (:func:`on_versions`)."""
+    spec = dict(request.param)
+    yield from own_node(spec.pop("version"), **spec)
 
 
 @pytest.fixture

@@ -17,12 +17,14 @@ from typing import Any
 
 import pytest
 
-from tests.faults.conftest import Broker
+from tests.faults.conftest import Broker, on_versions
 from tests.faults.ledger import Case, decisions
 
 #: Longer than the worker's delivery limit (3) x WORKER_RETRY_BACKOFF_MAX_S (2 s): the outage
 #: that used to abandon tasks.
 OUTAGE_S = 15.0
+#: Nodes whose ``max_message_size`` is 1 MiB (read at node start: a node of the case's own).
+SIZE_LIMITED = on_versions("3.10", "4.0", "4.3", conf={"max_message_size": "1048576"})
 
 
 def ready_status(probes: str) -> tuple[int, dict[str, Any]]:
@@ -160,37 +162,39 @@ async def test_a_memory_alarm_blocks_reports_which_are_held_then_published(
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("node_310", [{"conf": {"max_message_size": "1048576"}}], indirect=True)
+@pytest.mark.parametrize("node", SIZE_LIMITED, indirect=True)
 async def test_a_report_over_the_brokers_size_limit_is_one_result_too_large(
-    node_310: Broker, markers: Path, tmp_path: Path, record: Any
+    node: Broker, markers: Path, tmp_path: Path, record: Any
 ) -> None:
-    case = Case(node_310, "big", markers, tmp_path)
+    case = Case(node, "big", markers, tmp_path)
     case.worker.start()
     ids = await case.publish(3, {"size": 2_000_000})
     counts = await case.settle(ids, timeout_s=60)
     record(
         counts.row(
             "a 2 MB result, broker max_message_size 1 MiB",
-            broker=node_310.label,
+            broker=node.label,
             measured="one RESULT_TOO_LARGE each, handler run once",
         )
     )
     counts.assert_intact()
     assert counts.codes == {"RESULT_TOO_LARGE": 3}
     assert counts.handler_runs == 3
-    assert "channel closed 5 times" not in case.worker.log()
+    log = case.worker.log()
+    assert "channel closed 5 times" not in log
+    assert_reports_connection_kept(log)
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("node_310", [{"conf": {"max_message_size": "1048576"}}], indirect=True)
+@pytest.mark.parametrize("node", SIZE_LIMITED, indirect=True)
 async def test_reports_too_large_among_others_at_concurrency_32_cost_no_other_task(
-    node_310: Broker, markers: Path, tmp_path: Path, record: Any
+    node: Broker, markers: Path, tmp_path: Path, record: Any
 ) -> None:
     # Each oversized report closes the reports' channel, losing what was unconfirmed on it:
     # other tasks' ``started`` sent behind it. Their terminal reports must carry them again,
     # and the oversized ones still end as RESULT_TOO_LARGE, each handler run once.
     env = {"WORKER_CONCURRENCY": "32"}
-    case = Case(node_310, "bigmix", markers, tmp_path, target="tests.faults.workers:quick", env=env)
+    case = Case(node, "bigmix", markers, tmp_path, target="tests.faults.workers:quick", env=env)
     case.worker.start()
     big = await case.publish(6, {"size": 2_000_000}, service="quick")
     small = await case.publish(18, {"size": 10}, service="quick")
@@ -198,14 +202,25 @@ async def test_reports_too_large_among_others_at_concurrency_32_cost_no_other_ta
     record(
         counts.row(
             "2 MB results among small ones at concurrency 32, max_message_size 1 MiB",
-            broker=node_310.label,
+            broker=node.label,
             measured="RESULT_TOO_LARGE 6, success 18, each handler run once",
         )
     )
     counts.assert_intact()
     assert counts.codes == {"RESULT_TOO_LARGE": 6, "success": 18}
     assert counts.handler_runs == 24
-    assert "without started" not in case.worker.log()
+    log = case.worker.log()
+    assert "without started" not in log
+    assert_reports_connection_kept(log)
+
+
+def assert_reports_connection_kept(log: str) -> None:
+    """The reports' connection never closed: a refused report cost its channel only (no
+    frame went out on the closed channel, which RabbitMQ 4.0 answers by closing the
+    connection: ``504 CHANNEL_ERROR - expected 'channel.open'``)."""
+    assert "CHANNEL_ERROR" not in log
+    assert "worker reports) closed" not in log
+    assert "Reconnected to" not in log
 
 
 CONSUMER_TIMEOUT = {
