@@ -23,6 +23,8 @@ from tests.faults.ledger import Case, decisions
 #: Longer than the worker's delivery limit (3) x WORKER_RETRY_BACKOFF_MAX_S (2 s): the outage
 #: that used to abandon tasks.
 OUTAGE_S = 15.0
+#: The output outage of issue 29's acceptance (RabbitMQ 4.3 rows).
+LONG_OUTAGE_S = 60.0
 #: Nodes whose ``max_message_size`` is 1 MiB (read at node start: a node of the case's own).
 SIZE_LIMITED = on_versions("3.10", "4.0", "4.3", conf={"max_message_size": "1048576"})
 
@@ -53,15 +55,21 @@ async def fill_output_queue(broker: Broker, vhost: str, queue: str) -> None:
 
 
 async def full_queue_outage(
-    case: Case, broker: Broker, tasks: int, task_input: dict[str, Any], seen: str
+    case: Case,
+    broker: Broker,
+    tasks: int,
+    task_input: dict[str, Any],
+    seen: str,
+    *,
+    outage_s: float = OUTAGE_S,
 ) -> tuple[list[str], float]:
-    """Fill the output queue, publish ``tasks``, hold it full :data:`OUTAGE_S` once the
-    worker logs ``seen``, then free it; the task ids, and when it was freed (monotonic)."""
+    """Fill the output queue, publish ``tasks``, hold it full ``outage_s`` once the worker
+    logs ``seen``, then free it; the task ids, and when it was freed (monotonic)."""
     case.worker.start()
     await fill_output_queue(broker, case.vhost, case.out_queue)
     ids = await case.publish(tasks, task_input)
     case.worker.wait_for(seen)
-    await asyncio.sleep(OUTAGE_S)
+    await asyncio.sleep(outage_s)
     broker.ctl("clear_policy", "-p", case.vhost, "full")
     return ids, time.monotonic()
 
@@ -72,19 +80,29 @@ def last_terminal_at(case: Case) -> float:
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.parametrize(
+    ("node", "outage_s"),
+    [  # on 4.3, the 60 s outage of issue 29's acceptance
+        pytest.param(
+            *p.values, LONG_OUTAGE_S if p.id == "4.3" else OUTAGE_S, id=p.id, marks=p.marks
+        )
+        for p in on_versions("3.10", "4.0", "4.3")
+    ],
+    indirect=["node"],
+)
 async def test_reports_refused_by_a_full_output_queue_are_held_not_lost(
-    node_any: Broker, markers: Path, tmp_path: Path, record: Any
+    node: Broker, outage_s: float, markers: Path, tmp_path: Path, record: Any
 ) -> None:
-    broker = node_any
+    broker = node
     case = Case(broker, "full", markers, tmp_path)
     ids, freed = await full_queue_outage(
-        case, broker, 12, {"seconds": 0.2}, "was not confirmed by the broker"
+        case, broker, 12, {"seconds": 0.2}, "was not confirmed by the broker", outage_s=outage_s
     )
     counts = await case.settle(ids, timeout_s=60)
     last = last_terminal_at(case)
     record(
         counts.row(
-            "output queue full (reject-publish) for 15 s, then freed",
+            f"output queue full (reject-publish) for {outage_s:g} s, then freed",
             broker=broker.label,
             measured=f"all reported {last - freed:.1f} s after; every report from attempt 1",
         )
