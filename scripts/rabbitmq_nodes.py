@@ -1,4 +1,6 @@
-"""RabbitMQ nodes of the tests' own: 3.10 (the machine's binaries) and 4.0 (Debian 13, chrooted).
+"""RabbitMQ nodes of the tests' own: 3.10 (the machine's), 4.0 (Debian 13) and 4.3 (Debian sid).
+
+4.0 and 4.3 run chrooted, each in a Debian root of its own.
 
 Each node gets its own node name, AMQP port, distribution port, data and log directories,
 ``rabbitmq.conf``, ``advanced.config`` and an enabled-plugins file holding ``[].`` (no management
@@ -8,13 +10,16 @@ touches). The broker listens on ``127.0.0.1:PORT`` only, with ``loopback_users =
 
 Usage as a command (stdlib only; ``uv run --locked python`` or the system ``python3``)::
 
-    python scripts/rabbitmq_nodes.py root [--dir D]           # build the Debian 13 root (4.0)
+    python scripts/rabbitmq_nodes.py root [--version 4.3] [--dir D]  # Debian root of 4.0 / 4.3
     # start prints URL=... and RABBITMQCTL=... (shell-quoted) for eval:
     eval "$(python scripts/rabbitmq_nodes.py start --name atw-r1 --version 3.10 --port 5701)"
     ATW_RABBITMQ_URL=$URL ATW_RABBITMQCTL=$RABBITMQCTL uv run pytest -q tests/integration
     python scripts/rabbitmq_nodes.py stop --name atw-r1 [--purge]
     python scripts/rabbitmq_nodes.py cluster start --version 3.10 --ports 5701,5702,5703
     python scripts/rabbitmq_nodes.py cluster stop --ports 5701,5702,5703 [--purge]
+    python scripts/rabbitmq_nodes.py start --name atw-q1 --version 4.3 --port 5772 --epmd-port 4371
+    python scripts/rabbitmq_nodes.py cluster start --version 4.3 --ports 5801,5802,5803 \
+        --epmd-port 4401                                       # its own epmd (4.0, 4.3)
 
 Usage as a library (from the repository root, e.g. in the tests)::
 
@@ -33,27 +38,31 @@ Usage as a library (from the repository root, e.g. in the tests)::
 API:
 
 - ``NodeSpec`` (keyword-only dataclass): ``name`` (short, e.g. ``atw-r1``; the node is
-  ``NAME@localhost``), ``port`` (AMQP), ``version`` (``"3.10"`` or ``"4.0"``), ``dist_port``
-  (0: ``port + 20000``), ``epmd_port`` (4.0 only; default 4370), ``base_dir`` (data, logs,
-  configuration and the state file ``node.json``; default ``/var/tmp/atw/nodes/NAME`` for 3.10
-  and ``ROOT/var/lib/atw-nodes/NAME`` for 4.0, where it must be inside the root), ``conf``
-  (extra ``rabbitmq.conf`` lines, overriding the defaults), ``advanced_config`` (Erlang terms
-  for ``advanced.config``, e.g. ``[{rabbit, [{channel_tick_interval, 1000}]}].``), ``root``
-  (4.0 only; default ``$ATW_RABBITMQ4_ROOT`` or ``/var/tmp/atw/trixie-root``).
+  ``NAME@localhost``), ``port`` (AMQP), ``version`` (``VERSIONS``: ``"3.10"``, ``"4.0"``,
+  ``"4.3"``), ``dist_port`` (0: ``port + 20000``), ``epmd_port`` (4.0 and 4.3; 0: 4370 for
+  4.0, 4371 for 4.3), ``base_dir`` (data, logs, configuration and the state file
+  ``node.json``; default ``/var/tmp/atw/nodes/NAME`` for 3.10 and ``ROOT/var/lib/atw-nodes/NAME``
+  for 4.0 and 4.3, where it must be inside the root), ``conf`` (extra ``rabbitmq.conf`` lines,
+  overriding the defaults), ``advanced_config`` (Erlang terms for ``advanced.config``, e.g.
+  ``[{rabbit, [{channel_tick_interval, 1000}]}].``), ``root`` (4.0 and 4.3; default
+  ``default_root(version)``).
 - ``Node(spec)``: ``start(fresh=False)``, ``stop()``, ``restart()``, ``kill()``, ``remove()``
   (stop, then delete ``base_dir``), ``ctl(*args)``, ``ctl_command(tool="rabbitmqctl")``,
   ``url(vhost)``, ``pid``, ``running``, ``server_version()``, ``set_memory_alarm(on)``,
   ``alarms()``, ``leader_of(queue, vhost)``, ``running_nodes()``, ``log_tail()``,
   ``server_env()``, ``server_command()``; ``Node.load(base_dir)`` reads a node back from its
   state file. Errors are ``NodeError`` (with the broker's words or the end of its logs).
-- ``start_cluster(members, version=...)`` / ``stop_cluster(nodes)``: three (or more) nodes,
-  the second and later joined to the first.
+- ``start_cluster(members, version=..., epmd_port=...)`` / ``stop_cluster(nodes)``: three (or
+  more) nodes, the second and later joined to the first.
 - ``running_node(spec)`` / ``running_cluster(members)``: context managers that start fresh and
   always stop and delete the data on exit, also when the start fails.
-- ``build_root(dir)``, ``root_ready(dir)``, ``default_root()``.
+- ``build_root(dir, version=...)``, ``root_ready(dir)``, ``default_root(version="4.0")``
+  (``$ATW_RABBITMQ4_ROOT`` or ``/var/tmp/atw/trixie-root``; 4.3: ``$ATW_RABBITMQ43_ROOT`` or
+  ``/var/tmp/atw/sid-root``), ``default_epmd_port(version)``, ``default_base_dir(...)``;
+  ``ROOTS`` (each chrooted version's suite, variable, default directory and epmd port).
 
-What was verified on this machine (Debian 12, RabbitMQ 3.10.8 on Erlang/OTP 25; the root holds
-Debian 13's RabbitMQ 4.0.5 on Erlang/OTP 27):
+What was verified on this machine (Debian 12, RabbitMQ 3.10.8 on Erlang/OTP 25; the trixie root
+holds Debian 13's RabbitMQ 4.0.5 on Erlang/OTP 27, the sid root RabbitMQ 4.3.6 on OTP 27):
 
 - 3.10: ``/usr/sbin/rabbitmq-server`` and ``/usr/sbin/rabbitmqctl`` are a wrapper that, run as
   root, does ``su rabbitmq`` (``HOME=/var/lib/rabbitmq``) and re-quotes the arguments for
@@ -78,26 +87,35 @@ Debian 13's RabbitMQ 4.0.5 on Erlang/OTP 27):
   in a session of its own with stdout and stderr in ``BASE_DIR/startup.log``, and ``start()``
   polls ``rabbitmqctl await_startup`` until it answers or the process is gone. The start
   script forks ``erl`` and waits for it (both versions), so the pid file holds the beam's pid.
-- ``rabbitmqctl stop PIDFILE`` stops the node and waits for the process to end (3.10 and 4.0).
-- 4.0: the broker needs ``/proc`` in the root (bind-mounted here, once; unmounted again when the
-  last process in the root has stopped). It runs as the root's ``rabbitmq`` user
+- ``rabbitmqctl stop PIDFILE`` stops the node and waits for the process to end (3.10, 4.0, 4.3).
+- 4.0 (and 4.3): the broker needs ``/proc`` in the root (bind-mounted here, once; unmounted
+  again when the last process in the root has stopped). It runs as the root's ``rabbitmq`` user
   (uid 101/gid 102 in the root; those ids belong to other users on the host) through
   ``chroot --userspec=UID:GID --groups=GID ROOT /usr/lib/rabbitmq/bin/rabbitmq-server`` with
   ``HOME=/var/lib/rabbitmq`` (the root's cookie, made by the package) and ``ERL_EPMD_PORT``
-  (default 4370: the node starts an epmd of the root's own on it; ``ERL_EPMD_ADDRESS=127.0.0.1``
-  keeps it on loopback). The same environment works through the root's
-  ``/usr/sbin/rabbitmq-server`` wrapper (its ``su`` keeps the environment), but the wrapper is
-  not used: no ``su``/PAM, no re-quoting of arguments. Paths in the environment are the ones
+  (default 4370, 4.3: 4371; the node starts an epmd of the root's own on it;
+  ``ERL_EPMD_ADDRESS=127.0.0.1`` keeps it on loopback). The same environment works through the
+  root's ``/usr/sbin/rabbitmq-server`` wrapper (its ``su`` keeps the environment), but the wrapper
+  is not used: no ``su``/PAM, no re-quoting of arguments. Paths in the environment are the ones
   the broker sees, inside the root; the node's files are chowned to the root's ``rabbitmq`` user.
   An epmd of the root with no node left on its port is stopped with the last such node.
 - 4.0 needs no other variables than 3.10. Its default ``vm_memory_high_watermark`` is 0.6
   (3.10: 0.4), so ``set_memory_alarm(False)`` restores the configured value rather than 0.4.
+- 4.3 (Debian sid) runs the same way as 4.0 (uid/gid 101/101 in its root). Its root needs an
+  ``/etc/hosts`` naming ``localhost`` (``build_root`` copies the host's), or the node dies in
+  prelaunch with ``{error,nxdomain}``. Its metadata store is Khepri; a cluster still forms
+  with ``stop_app``, ``join_cluster``, ``start_app`` on fresh nodes (no ``reset``). Its
+  watermark default is 0.6 (``{ok,0.6}``, as on 4.0).
+- Every CLI call and server sets ``ERL_EPMD_ADDRESS=127.0.0.1``: an epmd that one of them
+  starts listens on loopback only (127.0.0.1 and ::1).
 - Memory alarm: ``rabbitmqctl set_vm_memory_high_watermark 0.0000001`` and
   ``rabbit_alarm:set_alarm({{resource_limit, memory, node()}, []})`` both block publishers on
-  3.10 and 4.0 (``connection.blocked``, publishes stall); the CLI command is used.
-- ``rabbitmqctl list_queues name leader --formatter json`` names a quorum queue's leader on both
-  versions (``rabbitmq-queues quorum_status`` works too, with different columns).
-- Start times (2 cores): a 3.10 node about 5 s, a 4.0 node about 3 s.
+  3.10 and 4.0 (``connection.blocked``, publishes stall); the CLI command is used (on 4.3
+  too: the alarm shows within 1.3 s, and clears within 1.8 s).
+- ``rabbitmqctl list_queues name leader --formatter json`` names a quorum queue's leader on
+  3.10, 4.0 and 4.3 (``rabbitmq-queues quorum_status`` works too, with different columns).
+- Start times (2 cores): a 3.10 node about 5 s, a 4.0 or 4.3 node about 2-3 s; a 4.3
+  cluster of three 10 s.
 """
 
 from __future__ import annotations
@@ -121,7 +139,7 @@ from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 __all__ = [
     "NodeError",
@@ -136,19 +154,19 @@ __all__ = [
     "default_root",
     "default_base_dir",
     "VERSIONS",
+    "ROOTS",
     "HOST_BIN",
 ]
 
-VERSIONS = ("3.10", "4.0")
+VERSIONS = ("3.10", "4.0", "4.3")
 HOST_BIN = Path("/usr/lib/rabbitmq/bin")
 ROOT_BIN = "/usr/lib/rabbitmq/bin"
 MACHINE_RABBITMQ_HOME = Path("/var/lib/rabbitmq")
 TOOL_DIR = Path("/var/tmp/atw")  # noqa: S108 (a fixed place, root-only tooling)
-DEFAULT_ROOT = TOOL_DIR / "trixie-root"
 NODES_DIR = TOOL_DIR / "nodes"
 NODES_DIR_IN_ROOT = "var/lib/atw-nodes"
 DIST_PORT_OFFSET = 20000
-DEFAULT_EPMD_PORT = 4370
+MACHINE_EPMD_PORT = 4369
 STATE_FILE = "node.json"
 PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 DIST_ERL_ARGS = "-kernel inet_dist_use_interface {127,0,0,1}"
@@ -159,17 +177,61 @@ class NodeError(RuntimeError):
     """A node did not start, stop or answer; the message carries the broker's words."""
 
 
-def default_root() -> Path:
-    """The Debian 13 root of the 4.0 nodes: ``$ATW_RABBITMQ4_ROOT``, else the default.
+class RootKind(NamedTuple):
+    """A chrooted version's Debian root: its suite, where it is, its nodes' default epmd."""
+
+    suite: str
+    variable: str
+    default_dir: Path
+    epmd_port: int
+
+
+#: The versions that run chrooted in a Debian root of their own, and that root. Each root's
+#: nodes start an epmd of the root's own, so the two default to different epmd ports.
+ROOTS = {
+    "4.0": RootKind("trixie", "ATW_RABBITMQ4_ROOT", TOOL_DIR / "trixie-root", 4370),
+    "4.3": RootKind("sid", "ATW_RABBITMQ43_ROOT", TOOL_DIR / "sid-root", 4371),
+}
+
+
+def _root_kind(version: str) -> RootKind:
+    if version not in ROOTS:
+        raise ValueError(f"version {version!r} has no root (those that do: {', '.join(ROOTS)})")
+    return ROOTS[version]
+
+
+def default_epmd_port(version: str) -> int:
+    """The epmd port a node of ``version`` uses unless told: 4369 (3.10) or its root's.
+
+    Args:
+        version: One of ``VERSIONS``.
+
+    Returns:
+        The port.
+    """
+    return ROOTS[version].epmd_port if version in ROOTS else MACHINE_EPMD_PORT
+
+
+def default_root(version: str = "4.0") -> Path:
+    """The root of ``version``'s nodes: ``$ATW_RABBITMQ4_ROOT`` / ``$ATW_RABBITMQ43_ROOT``.
+
+    Unset, ``/var/tmp/atw/trixie-root`` (4.0) or ``/var/tmp/atw/sid-root`` (4.3).
+
+    Args:
+        version: ``"4.0"`` or ``"4.3"``.
 
     Returns:
         The root directory (it may not exist yet).
+
+    Raises:
+        ValueError: For a version that runs from no root (3.10).
     """
-    return Path(os.environ.get("ATW_RABBITMQ4_ROOT") or DEFAULT_ROOT)
+    kind = _root_kind(version)
+    return Path(os.environ.get(kind.variable) or kind.default_dir)
 
 
 def root_ready(root: Path) -> bool:
-    """Whether ``root`` holds a finished Debian 13 root with RabbitMQ installed.
+    """Whether ``root`` holds a finished Debian root with RabbitMQ installed.
 
     Args:
         root: The root directory.
@@ -185,14 +247,14 @@ def default_base_dir(name: str, version: str, root: Path | None = None) -> Path:
 
     Args:
         name: The node's short name.
-        version: ``"3.10"`` or ``"4.0"``.
-        root: The 4.0 root (default: ``default_root()``).
+        version: One of ``VERSIONS``.
+        root: The root of a 4.0 or 4.3 node (default: ``default_root(version)``).
 
     Returns:
-        ``/var/tmp/atw/nodes/NAME`` (3.10) or ``ROOT/var/lib/atw-nodes/NAME`` (4.0).
+        ``/var/tmp/atw/nodes/NAME`` (3.10) or ``ROOT/var/lib/atw-nodes/NAME`` (4.0, 4.3).
     """
-    if version == "4.0":
-        return (root or default_root()) / NODES_DIR_IN_ROOT / name
+    if version in ROOTS:
+        return (root or default_root(version)) / NODES_DIR_IN_ROOT / name
     return NODES_DIR / name
 
 
@@ -276,19 +338,28 @@ def _listening(port: int) -> bool:
         return probe.connect_ex(("127.0.0.1", port)) == 0
 
 
-# --- the Debian 13 root ---------------------------------------------------------------------
+# --- the Debian roots -----------------------------------------------------------------------
 
 
-def build_root(root: Path | None = None, *, suite: str = "trixie", timeout_s: float = 1800) -> Path:
-    """Build the root of the 4.0 nodes with debootstrap, unless it is there already.
+def build_root(
+    root: Path | None = None,
+    *,
+    version: str = "4.0",
+    suite: str | None = None,
+    timeout_s: float = 1800,
+) -> Path:
+    """Build the root of ``version``'s nodes with debootstrap, unless it is there already.
 
-    Runs ``debootstrap --variant=minbase --include=rabbitmq-server trixie DIR`` (about 35 s)
-    into ``DIR.partial`` and renames it when done, so a root that exists is a finished one.
-    Installs debootstrap with apt-get when it is missing.
+    Runs ``debootstrap --variant=minbase --include=rabbitmq-server SUITE DIR`` (trixie: about
+    35 s; sid: about 100 s) into ``DIR.partial`` and renames it when done, so a root that
+    exists is a finished one. Installs debootstrap with apt-get when it is missing. A root
+    whose ``/etc/hosts`` names no ``localhost`` (sid's has none) gets the host's: without it a
+    node dies in prelaunch with ``{error,nxdomain}``. A finished root is only given that file.
 
     Args:
-        root: The directory (default: ``default_root()``).
-        suite: The Debian suite.
+        root: The directory (default: ``default_root(version)``).
+        version: ``"4.0"`` (Debian 13, trixie) or ``"4.3"`` (Debian unstable, sid).
+        suite: The Debian suite (default: the version's).
         timeout_s: How long debootstrap may take.
 
     Returns:
@@ -296,15 +367,25 @@ def build_root(root: Path | None = None, *, suite: str = "trixie", timeout_s: fl
 
     Raises:
         NodeError: When debootstrap fails or ``root`` exists without RabbitMQ in it.
+        ValueError: For a version that runs from no root.
     """
-    root = (root or default_root()).absolute()
-    if root_ready(root):
-        return root
+    suite = suite or _root_kind(version).suite
+    root = (root or default_root(version)).absolute()
     root.parent.mkdir(parents=True, exist_ok=True)
     with _root_lock(root):  # one builder at a time (CI and the fault suite may both ask)
         if not root_ready(root):
             _debootstrap(root, suite, timeout_s)
+        _resolve_localhost(root)
     return root
+
+
+def _resolve_localhost(root: Path) -> None:
+    """Give ``root`` the host's ``/etc/hosts`` unless its own names ``localhost``."""
+    hosts = root / "etc" / "hosts"
+    with contextlib.suppress(OSError):
+        if re.search(r"^\s*127\.0\.0\.1\s.*\blocalhost\b", hosts.read_text(), re.MULTILINE):
+            return
+    shutil.copyfile("/etc/hosts", hosts)
 
 
 def _debootstrap(root: Path, suite: str, timeout_s: float) -> None:
@@ -442,21 +523,23 @@ class NodeSpec:
     Attributes:
         name: Short node name (``NAME@localhost``), letters, digits, ``-`` and ``_``.
         port: The AMQP port (on 127.0.0.1).
-        version: ``"3.10"`` (the machine's binaries) or ``"4.0"`` (the Debian 13 root's).
+        version: ``"3.10"`` (the machine's binaries), ``"4.0"`` (the Debian 13 root's) or
+            ``"4.3"`` (the Debian unstable root's).
         dist_port: The Erlang distribution port; 0 means ``port + 20000``.
-        epmd_port: The epmd port of a 4.0 node (3.10 nodes use the machine's, 4369).
+        epmd_port: The epmd port of a 4.0 or 4.3 node; 0 means the version's
+            (``default_epmd_port``: 4370, 4371; 3.10 nodes use the machine's, 4369).
         base_dir: Where data, logs, configuration and ``node.json`` go (see
-            ``default_base_dir``); a 4.0 node's must be inside its root.
+            ``default_base_dir``); a 4.0 or 4.3 node's must be inside its root.
         conf: Extra ``rabbitmq.conf`` settings, e.g. ``{"max_message_size": "1048576"}``.
         advanced_config: Erlang terms for ``advanced.config``, or None for ``[].``.
-        root: The Debian 13 root of a 4.0 node (default: ``default_root()``).
+        root: The Debian root of a 4.0 or 4.3 node (default: ``default_root(version)``).
     """
 
     name: str
     port: int
     version: str = "3.10"
     dist_port: int = 0
-    epmd_port: int = DEFAULT_EPMD_PORT
+    epmd_port: int = 0
     base_dir: Path | None = None
     conf: dict[str, str] = field(default_factory=dict)
     advanced_config: str | None = None
@@ -471,6 +554,8 @@ class NodeSpec:
             raise ValueError("5672 is the machine's broker: pick another port")
         if not self.dist_port:
             self.dist_port = self.port + DIST_PORT_OFFSET
+        if self.version not in ROOTS or not self.epmd_port:
+            self.epmd_port = default_epmd_port(self.version)
         for key, value in self.conf.items():
             if "\n" in key + str(value) or "=" in key:
                 raise ValueError(f"bad rabbitmq.conf setting {key!r} = {value!r}")
@@ -483,7 +568,7 @@ class Node:
         spec: What the node is.
 
     Raises:
-        ValueError: When a 4.0 node's ``base_dir`` lies outside its root.
+        ValueError: When a 4.0 or 4.3 node's ``base_dir`` lies outside its root.
     """
 
     def __init__(self, spec: NodeSpec) -> None:
@@ -495,12 +580,14 @@ class Node:
         self.dist_port = spec.dist_port
         self.epmd_port = spec.epmd_port
         self.root: Path | None = None
-        if spec.version == "4.0":
-            self.root = (spec.root or default_root()).absolute()
+        if spec.version in ROOTS:
+            self.root = (spec.root or default_root(spec.version)).absolute()
         base = spec.base_dir or default_base_dir(spec.name, spec.version, self.root)
         self.base_dir = Path(os.path.abspath(base))
         if self.root is not None and not self.base_dir.is_relative_to(self.root):
-            raise ValueError(f"a 4.0 node's base_dir must be inside {self.root}: {self.base_dir}")
+            raise ValueError(
+                f"a {self.version} node's base_dir must be inside {self.root}: {self.base_dir}"
+            )
 
     def __repr__(self) -> str:
         return f"Node({self.nodename}, {self.version}, port {self.port}, {self.base_dir})"
@@ -533,7 +620,7 @@ class Node:
         return self.base_dir / STATE_FILE
 
     def _seen(self, path: Path) -> str:
-        """``path`` as the broker sees it (inside the root for 4.0)."""
+        """``path`` as the broker sees it (inside the root for 4.0 and 4.3)."""
         if self.root is None:
             return str(path)
         return "/" + str(path.relative_to(self.root))
@@ -558,10 +645,10 @@ class Node:
         self.state_file.write_text(json.dumps(self._state(), indent=2) + "\n")
         if self.root is not None:
             uid, gid = _root_user(self.root)
-            for folder, _, files in os.walk(self.base_dir):
-                os.chown(folder, uid, gid)
+            for walked, _, files in os.walk(self.base_dir):
+                os.chown(walked, uid, gid)
                 for name in files:
-                    os.chown(Path(folder) / name, uid, gid)
+                    os.chown(Path(walked) / name, uid, gid)
 
     def _state(self) -> dict[str, Any]:
         return {
@@ -641,9 +728,11 @@ class Node:
             "RABBITMQ_CONF_ENV_FILE": self._seen(self.base_dir / "rabbitmq-env.conf"),
             "RABBITMQ_PID_FILE": self._seen(self.pid_file),
             "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS": DIST_ERL_ARGS,
+            # An epmd that this start (or a CLI call) launches listens on loopback only.
+            "ERL_EPMD_ADDRESS": "127.0.0.1",
         }
         if self.root is not None:
-            environment.update(ERL_EPMD_PORT=str(self.epmd_port), ERL_EPMD_ADDRESS="127.0.0.1")
+            environment["ERL_EPMD_PORT"] = str(self.epmd_port)
         return environment
 
     def server_command(self) -> list[str]:
@@ -669,7 +758,7 @@ class Node:
             The argv prefix; append the command and its arguments.
         """
         environment = ["/usr/bin/env", "-i", f"PATH={PATH}", "LC_ALL=C.UTF-8"]
-        environment.append(f"HOME={self._home()}")
+        environment += [f"HOME={self._home()}", "ERL_EPMD_ADDRESS=127.0.0.1"]
         if self.root is None:
             return [*environment, str(HOST_BIN / tool), "-n", self.nodename]
         environment.append(f"ERL_EPMD_PORT={self.epmd_port}")
@@ -768,7 +857,10 @@ class Node:
             if not (HOST_BIN / "rabbitmq-server").exists():
                 raise NodeError(f"no {HOST_BIN / 'rabbitmq-server'}: install rabbitmq-server")
         elif not root_ready(self.root):
-            raise NodeError(f"no 4.0 root at {self.root}: run scripts/rabbitmq_nodes.py root")
+            raise NodeError(
+                f"no {self.version} root at {self.root}: "
+                f"run scripts/rabbitmq_nodes.py root --version {self.version}"
+            )
         self._write_files()
         if self.root is None:
             launcher = self._launch()
@@ -835,7 +927,7 @@ class Node:
         """Stop the node (``rabbitmqctl stop PIDFILE``, which waits for the process to end).
 
         A node that does not run is left alone. Its data stays. If the CLI cannot stop it, the
-        process gets SIGTERM, then SIGKILL. For a 4.0 node the root is tidied up afterwards
+        process gets SIGTERM, then SIGKILL. For a 4.0 or 4.3 node the root is tidied up after
         (idle epmd stopped, ``/proc`` unmounted once nothing runs in the root).
 
         Args:
@@ -903,7 +995,7 @@ class Node:
     # -- broker state ------------------------------------------------------------------------
 
     def server_version(self) -> str:
-        """The running broker's version, e.g. ``"3.10.8"`` or ``"4.0.5"``.
+        """The running broker's version, e.g. ``"3.10.8"``, ``"4.0.5"`` or ``"4.3.6"``.
 
         Returns:
             The version.
@@ -931,8 +1023,8 @@ class Node:
         """Raise or clear the memory alarm, which blocks publishers (``connection.blocked``).
 
         On: ``set_vm_memory_high_watermark 0.0000001``. Off: the configured watermark again
-        (0.4 on 3.10, 0.6 on 4.0, or what ``conf`` says). Waits until the alarm shows (or
-        is gone).
+        (0.4 on 3.10, 0.6 on 4.0 and 4.3, or what ``conf`` says). Waits until the alarm shows
+        (or is gone).
 
         Args:
             on: Raise it (True) or clear it (False).
@@ -1020,23 +1112,23 @@ def start_cluster(
     conf: dict[str, str] | None = None,
     advanced_config: str | None = None,
     root: Path | None = None,
-    epmd_port: int = DEFAULT_EPMD_PORT,
+    epmd_port: int = 0,
     timeout_s: float = 180,
 ) -> list[Node]:
     """Start fresh nodes, join the second and later ones to the first, wait for all of them.
 
     The nodes boot in parallel; each joins with ``stop_app``, ``join_cluster FIRST``,
-    ``start_app``; then ``cluster_status`` on the first must list every node as running. On a
-    failure the nodes are stopped again (their data stays, for the logs).
+    ``start_app`` (on 4.3's Khepri too); then ``cluster_status`` on the first must list every
+    node as running. On a failure the nodes are stopped again (their data stays, for the logs).
 
     Args:
         members: ``(name, port)`` of each node, e.g. ``[("atw-c1", 5701), ...]``.
-        version: ``"3.10"`` or ``"4.0"``.
+        version: One of ``VERSIONS``.
         base_dir: Parent of the nodes' base directories (default: each node's default).
         conf: Extra ``rabbitmq.conf`` settings of every node.
         advanced_config: ``advanced.config`` of every node.
-        root: The 4.0 root.
-        epmd_port: The 4.0 nodes' epmd port (shared).
+        root: The root of 4.0 or 4.3 nodes.
+        epmd_port: The 4.0 or 4.3 nodes' epmd port, shared by them (0: the version's).
         timeout_s: How long the whole start may take.
 
     Returns:
@@ -1124,7 +1216,7 @@ def running_cluster(
     conf: dict[str, str] | None = None,
     advanced_config: str | None = None,
     root: Path | None = None,
-    epmd_port: int = DEFAULT_EPMD_PORT,
+    epmd_port: int = 0,
     timeout_s: float = 180,
 ) -> Iterator[list[Node]]:
     """A fresh cluster for the ``with`` block (``start_cluster``), deleted afterwards.
@@ -1185,23 +1277,26 @@ def _find(name: str, version: str | None, base_dir: Path | None, root: Path | No
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="rabbitmq_nodes.py", description="RabbitMQ nodes of the tests' own (3.10, 4.0)."
+        prog="rabbitmq_nodes.py", description="RabbitMQ nodes of the tests' own (3.10, 4.0, 4.3)."
     )
     commands = parser.add_subparsers(dest="command", required=True)
 
-    root = commands.add_parser("root", help="build the Debian 13 root of the 4.0 nodes")
-    root.add_argument("--dir", type=Path, default=None, help="default: $ATW_RABBITMQ4_ROOT")
+    root = commands.add_parser("root", help="build the Debian root of the 4.0 or 4.3 nodes")
+    root.add_argument("--version", choices=tuple(ROOTS), default="4.0")
+    root.add_argument(
+        "--dir", type=Path, default=None, help="default: $ATW_RABBITMQ4_ROOT / $ATW_RABBITMQ43_ROOT"
+    )
 
     start = commands.add_parser("start", help="start a node; prints URL=... and RABBITMQCTL=...")
     start.add_argument("--name", required=True)
     start.add_argument("--version", choices=VERSIONS, default="3.10")
     start.add_argument("--port", type=int, required=True)
     start.add_argument("--dist-port", type=int, default=0, help="default: port + 20000")
-    start.add_argument("--epmd-port", type=int, default=DEFAULT_EPMD_PORT, help="4.0 only")
+    start.add_argument("--epmd-port", type=int, default=0, help="4.0, 4.3: default 4370, 4371")
     start.add_argument("--conf", nargs="*", default=[], metavar="KEY=VALUE")
     start.add_argument("--advanced-config", default=None, metavar="ERLANG_TERMS")
     start.add_argument("--base-dir", type=Path, default=None)
-    start.add_argument("--root", type=Path, default=None, help="4.0 only")
+    start.add_argument("--root", type=Path, default=None, help="4.0, 4.3 only")
     start.add_argument("--keep-data", action="store_true", help="reuse an earlier run's data")
     start.add_argument("--timeout", type=float, default=120)
 
@@ -1218,6 +1313,7 @@ def _parser() -> argparse.ArgumentParser:
     cluster.add_argument("action", choices=("start", "stop"))
     cluster.add_argument("--version", choices=VERSIONS, default="3.10")
     cluster.add_argument("--ports", default="5701,5702,5703")
+    cluster.add_argument("--epmd-port", type=int, default=0, help="4.0, 4.3: default 4370, 4371")
     cluster.add_argument("--conf", nargs="*", default=[], metavar="KEY=VALUE")
     cluster.add_argument("--base-dir", type=Path, default=None, help="parent of the nodes' dirs")
     cluster.add_argument("--root", type=Path, default=None)
@@ -1238,7 +1334,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.monotonic()
     try:
         if arguments.command == "root":
-            print(build_root(arguments.dir))
+            print(build_root(arguments.dir, version=arguments.version))
         elif arguments.command == "start":
             spec = NodeSpec(
                 name=arguments.name,
@@ -1269,6 +1365,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "version": arguments.version,
                 "base_dir": arguments.base_dir,
                 "root": arguments.root,
+                "epmd_port": arguments.epmd_port,
             }
             if arguments.action == "start":
                 nodes = start_cluster(members, conf=_settings(arguments.conf), **options)
@@ -1276,10 +1373,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 for number, node in enumerate(nodes, 1):
                     _print_node(node, f"_{number}")
             else:
-                nodes = _cluster_nodes(
-                    members, conf=None, advanced_config=None, epmd_port=DEFAULT_EPMD_PORT,
-                    **options,
-                )  # fmt: skip
+                nodes = _cluster_nodes(members, conf=None, advanced_config=None, **options)
+                # Each node as it was started (its epmd port, root), where its state file is.
+                nodes = [Node.load(n.base_dir) if n.state_file.exists() else n for n in nodes]
                 stop_cluster(nodes, purge=arguments.purge)
     except (NodeError, ValueError, argparse.ArgumentTypeError) as error:
         print(f"error: {error}", file=sys.stderr)

@@ -1,11 +1,13 @@
 """The fault suite: real workers, real brokers, injected faults, every task id counted.
 
-Broker-wide faults (restarts, alarms, a lowered ``max_message_size``, a cluster, RabbitMQ 4.0)
-get nodes of the suite's own, on free ports and with unique names (``tests/ports.py``,
+Broker-wide faults (restarts, alarms, a lowered ``max_message_size``, a cluster, RabbitMQ 4.0
+and 4.3) get nodes of the suite's own, on free ports and with unique names (``tests/ports.py``,
 ``scripts/rabbitmq_nodes.py``); the machine's
 broker on 5672 only ever gets vhosts of the suite's own. RabbitMQ 4.0 runs from the Debian 13
-root (``python scripts/rabbitmq_nodes.py root``), built the first time it is needed; where it
-cannot be built the 4.0 cases skip, except under ``CI=true``, where they fail.
+root, 4.3 from the Debian sid root (``python scripts/rabbitmq_nodes.py root [--version 4.3]``),
+built the first time it is needed; where it cannot be built those cases skip, except under
+``CI=true``, where they fail. The 4.3 rows (marked ``faults43``) run only when ``-m`` names
+that mark (``.ci/run``'s 4.3 pass): the README's run must stay under 10 minutes.
 
 The cases run one after another, on one xdist worker (the group ``faults``, ``tests/conftest.py``),
 so that no two of them measure under each other's load. Each case adds a row to the fault table,
@@ -26,18 +28,28 @@ from typing import Any
 
 import pytest
 
-from scripts.rabbitmq_nodes import Node, NodeSpec, build_root, default_root, root_ready
+from scripts.rabbitmq_nodes import ROOTS, Node, NodeSpec, build_root, default_root, root_ready
 from tests.conftest import FAULT_ROW
 from tests.faults.ledger import Supervisor
 from tests.integration.conftest import BROKER_USER, broker_url, rabbitmqctl
 from tests.ports import free_port, node_name, node_port
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark the suite's cases; leave out the on-demand rows unless ``-m`` names them."""
+    asked = ON_DEMAND_MARK in (config.getoption("markexpr", "") or "")
+    kept, left_out = [], []
     for item in items:
         if Path(str(item.fspath)).is_relative_to(Path(__file__).parent):
             item.add_marker(pytest.mark.integration)
             item.add_marker(pytest.mark.faults)
+            if not asked and item.get_closest_marker(ON_DEMAND_MARK) is not None:
+                left_out.append(item)
+                continue
+        kept.append(item)
+    if left_out:
+        config.hook.pytest_deselected(items=left_out)
+        items[:] = kept
 
 
 @pytest.fixture(autouse=True)
@@ -113,8 +125,7 @@ class Broker:
         return sum(counts)
 
 
-@pytest.fixture
-def machine_broker() -> Iterator[Broker]:
+def the_machines() -> Iterator[Broker]:
     """The machine's broker (vhosts of the case's own, deleted afterwards)."""
     broker = Broker(label="3.10 (machine's)")
     try:
@@ -128,25 +139,78 @@ def machine_broker() -> Iterator[Broker]:
         rabbitmqctl("delete_vhost", vhost)
 
 
-def own_node(version: str, **spec: Any) -> Iterator[Broker]:
-    """A fresh node of the case's own (a name and free ports of its own, and for 4.0 an epmd
-    of its own); stopped and deleted afterwards."""
-    if version == "4.0" and not root_ready(default_root()):
-        try:  # the first time on a machine: about 35 s (debootstrap from Debian's archive)
-            build_root(default_root())
+@pytest.fixture
+def machine_broker() -> Iterator[Broker]:
+    """The machine's broker (vhosts of the case's own, deleted afterwards)."""
+    yield from the_machines()
+
+
+def _usable_root(version: str) -> Path:
+    """The Debian root of ``version``'s nodes, built the first time (4.0: about 35 s; 4.3:
+    about 100 s, debootstrap from Debian's archive); a case without one skips, or fails under
+    ``CI=true``."""
+    root = default_root(version)
+    if not root_ready(root):
+        try:
+            build_root(root, version=version)
         except Exception as exc:
-            message = f"no Debian 13 root at {default_root()} and none could be built: {exc}"
+            message = f"no RabbitMQ {version} root at {root} and none could be built: {exc}"
             if os.environ.get("CI") == "true":
                 pytest.fail(message)
             pytest.skip(message)
-    extra = {"epmd_port": free_port()} if version == "4.0" else {}
+    return root
+
+
+def version_spec(version: str) -> dict[str, Any]:
+    """The ``NodeSpec`` (and ``running_cluster``) fields of ``version``'s nodes: for 4.0 and
+    4.3, their root and an epmd of the case's own."""
+    if version not in ROOTS:
+        return {"version": version}
+    return {"version": version, "root": _usable_root(version), "epmd_port": free_port()}
+
+
+def own_node(version: str, **spec: Any) -> Iterator[Broker]:
+    """A fresh node of the case's own (a name and free ports of its own, and for 4.x an epmd
+    of its own); stopped and deleted afterwards."""
     name = node_name(f"atw-fault-{version.replace('.', '')}")
-    node = Node(NodeSpec(name=name, port=node_port(), version=version, **extra, **spec))
+    node = Node(NodeSpec(name=name, port=node_port(), **version_spec(version), **spec))
     try:
         node.start(fresh=True)
         yield Broker(label=f"{node.server_version()} (own node)", node=node)
     finally:
         node.remove()
+
+
+#: The versions whose rows run only when asked for (``-m faults43``), in ``.ci/run``'s RabbitMQ
+#: 4.3 pass: the README's run must stay under 10 minutes on two cores.
+ON_DEMAND = frozenset({"4.3"})
+ON_DEMAND_MARK = "faults43"
+
+
+def on_versions(*versions: str, **spec: Any) -> list[Any]:
+    """Indirect parameters of :func:`node`: one per version (``"machine"``: the machine's
+    3.10), each with the ``NodeSpec`` fields ``spec`` (``conf``, ``advanced_config``); their
+    ids are the versions, and a version of :data:`ON_DEMAND` is marked ``faults43``."""
+    return [
+        pytest.param(
+            {"version": version, **spec},
+            id=version,
+            marks=[getattr(pytest.mark, ON_DEMAND_MARK)] if version in ON_DEMAND else [],
+        )
+        for version in versions
+    ]
+
+
+@pytest.fixture
+def node(request: pytest.FixtureRequest) -> Iterator[Broker]:
+    """A node of the case's own, of the version and spec of its indirect parameter
+    (:func:`on_versions`), or the machine's broker (version ``"machine"``)."""
+    spec = dict(request.param)
+    version = spec.pop("version")
+    if version == "machine":
+        yield from the_machines()
+    else:
+        yield from own_node(version, **spec)
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ from typing import Any
 import aio_pika
 import pytest
 
-from tests.faults.conftest import Broker
+from tests.faults.conftest import Broker, on_versions
 from tests.faults.ledger import Case
 from tests.polling import until
 
@@ -21,17 +21,18 @@ async def until_markers(markers: Path, count: int) -> None:
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.parametrize("node", on_versions("machine", "4.3"), indirect=True)
 async def test_kill_9_mid_run_three_times(
-    machine_broker: Broker, markers: Path, tmp_path: Path, record: Any
+    node: Broker, markers: Path, tmp_path: Path, record: Any
 ) -> None:
-    case = Case(machine_broker, "kill", markers, tmp_path)
+    case = Case(node, "kill", markers, tmp_path)
     case.worker.start()
     ids = await case.publish(20, {"seconds": 1.0})
     for calls in (4, 10, 16):
         await until_markers(markers, calls)
         case.worker.kill9()
     counts = await case.settle(ids)
-    record(counts.row("kill -9 of the worker mid-run, 3 times", broker=machine_broker.label))
+    record(counts.row("kill -9 of the worker mid-run, 3 times", broker=node.label))
     # Only a success confirmed and not yet acked when its worker died can be reported twice.
     counts.assert_intact(duplicates_at_most=3 * 4)
 

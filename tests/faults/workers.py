@@ -40,6 +40,15 @@ async def work(task_input: Input, ctx: TaskContext) -> Output:
     return Output(attempt=ctx.attempt, text="x" * task_input.size)
 
 
+isolated = Worker("steady")  # the same service, each task in a process of its own
+
+
+@isolated.task(timeout=60, isolation="process")
+async def work_isolated(task_input: Input, ctx: TaskContext) -> Output:
+    """:func:`work`, in the task's own process (killed as a whole process group)."""
+    return await work(task_input, ctx)
+
+
 quick = Worker("quick")
 
 

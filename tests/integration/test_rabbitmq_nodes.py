@@ -1,8 +1,8 @@
-"""scripts/rabbitmq_nodes.py: nodes of the tests' own, a 3.10 cluster, a 4.0 node in its root.
+"""scripts/rabbitmq_nodes.py: nodes of the tests' own, clusters, 4.0 and 4.3 nodes in their roots.
 
-Each node has a name and free ports of its own (``tests/ports.py``: AMQP, distribution, the 4.0
-node's epmd), so that the tests run next to each other and next to any other run's nodes on
-the machine (``.ci/run``'s 4.0 node, the fault suite's, another checkout's). Every node is
+Each node has a name and free ports of its own (``tests/ports.py``: AMQP, distribution, a 4.0
+or 4.3 node's epmd), so that the tests run next to each other and next to any other run's nodes on
+the machine (``.ci/run``'s 4.0 and 4.3 nodes, the fault suite's, another checkout's). Every node is
 stopped and its files deleted afterwards, also when the test fails (``running_node``,
 ``running_cluster``).
 """
@@ -22,6 +22,7 @@ import pytest
 
 from scripts.rabbitmq_nodes import (
     HOST_BIN,
+    ROOTS,
     Node,
     NodeError,
     NodeSpec,
@@ -40,6 +41,16 @@ def _needed(ready: bool, message: str) -> None:
         if os.environ.get("CI") == "true":
             pytest.fail(f"{message} (CI=true: integration tests must run)")
         pytest.skip(message)
+
+
+def _epmd_port(version: str) -> int:
+    """A free epmd port for a 4.0 or 4.3 node, whose root must be there; 0 (the machine's) for
+    3.10."""
+    if version not in ROOTS:
+        return 0
+    root = default_root(version)
+    _needed(root_ready(root), f"no RabbitMQ {version} root at {root} (rabbitmq_nodes.py root)")
+    return free_port()
 
 
 @pytest.fixture(autouse=True)
@@ -76,10 +87,14 @@ async def test_a_message_above_max_message_size_closes_the_channel(tmp_path: Pat
 
 
 @pytest.mark.timeout(240)
-async def test_a_three_node_cluster_runs_and_stops(tmp_path: Path) -> None:
+@pytest.mark.parametrize("version", ["3.10", "4.3"])
+async def test_a_three_node_cluster_runs_and_stops(tmp_path: Path, version: str) -> None:
+    epmd_port = _epmd_port(version)
     taken: set[int] = set()
     members = [(node_name(f"atw-t-c{i}"), node_port(taken)) for i in range(1, 4)]
-    with running_cluster(members, base_dir=tmp_path) as nodes:
+    # A 4.3 node's base directory must lie in its root: the default one there.
+    base_dir = None if version in ROOTS else tmp_path
+    with running_cluster(members, version=version, base_dir=base_dir, epmd_port=epmd_port) as nodes:
         names = sorted(node.nodename for node in nodes)
         for node in nodes:
             status = json.loads(node.ctl("cluster_status", "--formatter", "json"))
@@ -91,8 +106,9 @@ async def test_a_three_node_cluster_runs_and_stops(tmp_path: Path) -> None:
                 "replicated", durable=True, arguments={"x-queue-type": "quorum"}
             )
         assert nodes[2].leader_of("replicated") in names
+        assert nodes[0].server_version().startswith(f"{version}.")
     assert not any(node.running for node in nodes)
-    assert list(tmp_path.iterdir()) == []
+    assert not any(node.base_dir.exists() for node in nodes)
 
 
 @pytest.mark.timeout(120)
@@ -111,13 +127,18 @@ def test_a_node_that_cannot_boot_raises_with_its_log_and_leaves_nothing(tmp_path
 
 
 @pytest.mark.timeout(120)
-def test_a_4_0_node_runs_in_the_debian_13_root() -> None:
-    root = default_root()
-    _needed(root_ready(root), f"no RabbitMQ 4.0 root at {root} (scripts/rabbitmq_nodes.py root)")
-    name = node_name("atw-t-40")
-    spec = NodeSpec(name=name, port=node_port(), version="4.0", epmd_port=free_port())
+@pytest.mark.parametrize("version", ["4.0", "4.3"])
+async def test_a_node_runs_in_its_debian_root(version: str) -> None:
+    epmd_port = _epmd_port(version)
+    name = node_name(f"atw-t-{version.replace('.', '')}")
+    spec = NodeSpec(name=name, port=node_port(), version=version, epmd_port=epmd_port)
     with running_node(spec) as node:
-        assert re.fullmatch(r"4\.0\.\d+", node.server_version())
+        assert re.fullmatch(rf"{re.escape(version)}\.\d+", node.server_version())
+        connection = await aio_pika.connect(node.url())
+        async with connection:
+            assert connection.transport is not None
+            properties = connection.transport.connection.server_properties
+            assert str(properties["version"]).startswith(f"{version}.")
         # ATW_RABBITMQCTL is the command joined for a shell; split again, it still works.
         command = shlex.split(shlex.join(node.ctl_command()))
         done = subprocess.run(

@@ -13,11 +13,11 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Final
+from typing import Any, Final
 
 import aio_pika
 import aiormq
-from aio_pika.abc import AbstractChannel
+from aio_pika.abc import AbstractChannel, AbstractRobustChannel
 
 from async_task_api_worker.errors import MessageTooLargeError, PublishError
 from async_task_api_worker.protocol.codes import ReportType
@@ -94,7 +94,8 @@ class ReportPublisher:
     def __init__(self, link: BrokerLink, out_queue: str) -> None:
         self._link = link
         self._out_queue = out_queue
-        self._channel: AbstractChannel | None = None
+        self._channel: AbstractRobustChannel | None = None
+        self._reopened = asyncio.Event()
         self._refusals = 0
         self._fresh_channel: asyncio.Future[None] | None = None
         self._order = asyncio.Lock()
@@ -118,9 +119,44 @@ class ReportPublisher:
         await self._link.open()
         self._channel = await self._confirmed_channel()
 
-    async def _confirmed_channel(self) -> AbstractChannel:
+    async def _confirmed_channel(self) -> AbstractRobustChannel:
         """A channel with publisher confirms whose returns (unroutable reports) raise."""
-        return await self._link.connection.channel(publisher_confirms=True, on_return_raises=True)
+        channel = await self._link.connection.channel(
+            publisher_confirms=True, on_return_raises=True
+        )
+        channel.reopen_callbacks.add(self._on_reopen)
+        return channel
+
+    def _on_reopen(self, _channel: object) -> None:
+        self._reopened.set()
+
+    async def _writable_channel(self) -> tuple[AbstractRobustChannel, Any]:
+        """The report channel and its aiormq channel, once a frame put on it now goes out open.
+
+        aiormq answers the broker's ``channel.close`` with ``close-ok`` at once, but marks the
+        channel closed some steps later: a publish that took aiormq's channel lock in between
+        went out on a channel the broker had freed, and RabbitMQ 4.0 closed the whole
+        connection for it (``504 CHANNEL_ERROR - expected 'channel.open'``, after a report over
+        ``max_message_size``: issue 29). So the reports before this one must have left
+        (aiormq's channel lock is free: their frames are drained), and a channel the broker
+        closed, or that closed with its connection, is waited for until aio-pika has reopened
+        it. Called under the order lock; the caller puts its frame in the same step.
+
+        Raises:
+            ConnectionError: not connected (before :meth:`open`).
+        """
+        while True:
+            channel = self._channel
+            if channel is None:
+                raise ConnectionError("not connected")
+            self._reopened.clear()  # before looking: a reopen from now on wakes the wait
+            underlay: Any = await channel.get_underlay_channel()  # aiormq's Channel
+            if not _closing(underlay):
+                async with underlay.lock:  # free once the earlier reports' frames have left
+                    pass
+                if not _closing(underlay):
+                    return channel, underlay
+            await self._reopened.wait()
 
     async def send(
         self,
@@ -179,13 +215,7 @@ class ReportPublisher:
                 await self._link.wait_unblocked()  # never into a socket the broker ignores
                 # Read under the order lock: a fresh channel replaces this one under it too, so
                 # that no report waits on a channel closed for good (_replace_publish_channel).
-                channel = self._channel
-                if channel is None:
-                    raise ConnectionError("not connected")
-                if channel.is_closed:
-                    # Reopening after a reconnect or a channel error: the message has not left.
-                    await channel.ready()  # type: ignore[attr-defined]
-                underlay = await channel.get_underlay_channel()
+                channel, underlay = await self._writable_channel()
                 if trail is not None and not trail.allows(report, underlay):
                     raise PublishError(
                         f"the {report.type} report waits: an earlier report of its delivery "
@@ -266,3 +296,14 @@ class ReportPublisher:
             _logger.warning("Could not open a fresh report channel (%s)", type(exc).__name__)
         finally:
             self._fresh_channel = None
+
+
+def _closing(underlay: Any) -> bool:
+    """Whether aiormq's channel ``underlay`` is closed, or closing (no frame may follow).
+
+    Closing: it got (or sent) ``channel.close``. aiormq sets its private close event as it
+    answers ``channel.close``, steps before the channel counts as closed (``is_closed``);
+    without that event only ``is_closed`` is read.
+    """
+    event = getattr(underlay, "_Channel__close_event", None)
+    return bool(underlay.is_closed) or (isinstance(event, asyncio.Event) and event.is_set())
