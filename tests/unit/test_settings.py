@@ -212,3 +212,18 @@ def test_the_budget_margin_is_the_consumer_timeout_check_interval() -> None:
     assert "WORKER_CONSUMER_TIMEOUT_CHECK_INTERVAL_S 2 s = 20 s" in message
     assert "raise the broker's consumer_timeout" in message
     assert "lower the task timeout or WORKER_RETRY_BACKOFF_MAX_S" in message
+
+
+def test_the_hand_out_limit_is_at_least_the_delivery_limit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert load_settings(read_environment=False).worker_acquired_limit == 25
+    monkeypatch.setenv("WORKER_DELIVERY_LIMIT", "30")  # above the default hand-out limit
+    with pytest.raises(SettingsError) as error:
+        load_settings()
+    assert str(error.value) == (
+        "invalid setting WORKER_ACQUIRED_LIMIT: must be at least WORKER_DELIVERY_LIMIT (every "
+        "attempt is a hand-out too; raise WORKER_ACQUIRED_LIMIT)"
+    )
+    monkeypatch.setenv("WORKER_ACQUIRED_LIMIT", "30")
+    assert load_settings().worker_acquired_limit == 30

@@ -28,7 +28,12 @@ from async_task_api_worker.ports import Delivery
 from async_task_api_worker.protocol.envelope import DEFAULT_MAX_BODY_BYTES, read_envelope
 from async_task_api_worker.transports.rabbitmq.acks import ChannelSettles, Settle
 from async_task_api_worker.transports.rabbitmq.control import listen_for_cancels
-from async_task_api_worker.transports.rabbitmq.delivery import RabbitDelivery, delivery_count_of
+from async_task_api_worker.transports.rabbitmq.delivery import (
+    RabbitDelivery,
+    acquired_count_of,
+    broker_sets_acquired_count,
+    delivery_count_of,
+)
 from async_task_api_worker.transports.rabbitmq.failures import CHANNEL_GONE, setup_error
 from async_task_api_worker.transports.rabbitmq.link import BrokerLink
 from async_task_api_worker.transports.rabbitmq.reports import ReportPublisher
@@ -104,6 +109,7 @@ class RabbitMQTransport:
         self._consume_channel: AbstractChannel | None = None
         self._in_queue: AbstractQueue | None = None
         self._count_known = True
+        self._counts_acquired = False
         self._inbox: asyncio.Queue[RabbitDelivery | GaveUp | None] = asyncio.Queue()
         self._consumer_tag: str | None = None
         self._watch = ChannelWatch(
@@ -160,6 +166,9 @@ class RabbitMQTransport:
             self._in_queue = await declare_queue(consume, self._in_queue_name)
             await declare_queue(consume, self._out_queue_name)
             self._count_known = await queue_type(connection, self._in_queue_name) == "quorum"
+            self._counts_acquired = self._count_known and broker_sets_acquired_count(
+                connection.transport.connection.server_properties if connection.transport else {}
+            )
             if self._cancel_handler is not None and self._control_exchange is not None:
                 await listen_for_cancels(connection, self._control_exchange, self._cancel_handler)
             await self._reports.open()
@@ -238,9 +247,11 @@ class RabbitMQTransport:
             delivery = RabbitDelivery(
                 read_envelope(message.body, max_body_bytes=self._max_body_bytes),
                 headers=headers,
-                # A classic queue keeps no count: only "redelivered or not" is known.
-                delivery_count=delivery_count_of(headers, redelivered)
-                if self._count_known
+                delivery_count=delivery_count_of(
+                    headers, redelivered, quorum=self._count_known, acquired=self._counts_acquired
+                ),
+                acquired_count=acquired_count_of(headers, redelivered)
+                if self._counts_acquired
                 else None,
                 redelivered=redelivered,
                 tag=tag,
