@@ -6,8 +6,8 @@ RabbitMQ behaviours it follows (measured on 3.10.8, 4.0.5 and 4.3.6: docs/broker
 - Quorum queues count, classic queues only set ``redelivered`` (``delivery_count`` ``None``).
   ``x-delivery-count`` is absent (3.10: 0) on a first delivery. Before 4.3 it counts every
   return: a reject, a nack, a crash, a lost connection, a consumer timeout. From 4.3 it counts
-  a ``basic.reject`` and a lost consumer (a crash, a lost connection) only, and a redelivery
-  after a give-back or a consumer timeout may carry none: it counts 0.
+  a ``basic.reject``, a crash and a lost connection only; a redelivery after a give-back or a
+  consumer timeout carries none (measured): it counts 0.
 - ``x-acquired-count`` (4.3+ quorum queues) counts every earlier hand-out; it bounds the loops
   4.3's delivery count does not see (``WORKER_ACQUIRED_LIMIT``). Before 4.3 a producer's own
   header of that name passes through, so it is read only from a broker that sets it.
