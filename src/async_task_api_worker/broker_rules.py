@@ -9,6 +9,7 @@ both; the engine holds a report until :func:`consumer_timeout_s` nears.
 from __future__ import annotations
 
 import math
+import re
 from typing import TYPE_CHECKING, Final
 
 from async_task_api_worker.errors import TimeBudgetError
@@ -18,14 +19,14 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CANCEL_GRACE_S",
-    "OWN_CONSUMER_TIMEOUT_FROM",
+    "RABBITMQ_4_3",
     "PLACED_CONFIRM_WAIT_S",
     "check_time_budget",
     "consumer_timeout_s",
     "delivery_budget_s",
     "describe_time_budget",
     "split_broker_urls",
-    "takes_own_consumer_timeout",
+    "since_rabbitmq_4_3",
 ]
 
 #: The schemes ``BROKER_URL`` accepts, and their default ports.
@@ -75,9 +76,8 @@ CANCEL_GRACE_S: Final = 1.0
 #: Seconds a terminal report already on the wire waits for its confirm before its delivery may
 #: be given back (``engine.hold``): the broker has it, or is about to.
 PLACED_CONFIRM_WAIT_S: Final = 2.0
-#: RabbitMQ from this version takes a consumer's own timeout (``x-consumer-timeout``, in
-#: ``basic.consume``'s arguments) on a quorum queue, and enforces none on a classic queue.
-OWN_CONSUMER_TIMEOUT_FROM: Final = (4, 3)
+#: The RabbitMQ version whose counting and consumer timeouts differ (:func:`since_rabbitmq_4_3`).
+RABBITMQ_4_3: Final = (4, 3)
 
 
 def delivery_budget_s(settings: WorkerSettings, timeout_s: float) -> float:
@@ -100,7 +100,7 @@ def consumer_timeout_s(settings: WorkerSettings, timeout_s: float) -> float:
     ``WORKER_CONSUMER_TIMEOUT_S`` when the budget fits under it (:func:`check_time_budget`);
     else the budget plus ``WORKER_CONSUMER_TIMEOUT_CHECK_INTERVAL_S``, rounded up, plus 1 s:
     the timeout the worker asks for itself where the broker takes one
-    (:data:`OWN_CONSUMER_TIMEOUT_FROM`; elsewhere the worker does not start).
+    (:func:`since_rabbitmq_4_3`; elsewhere the worker does not start).
     """
     needed_s = delivery_budget_s(settings, timeout_s) + (
         settings.worker_consumer_timeout_check_interval_s
@@ -110,16 +110,20 @@ def consumer_timeout_s(settings: WorkerSettings, timeout_s: float) -> float:
     return float(math.ceil(needed_s) + 1)
 
 
-def takes_own_consumer_timeout(server_version: str) -> bool:
-    """Whether a RabbitMQ of ``server_version`` (``"4.3.6"``) takes ``x-consumer-timeout``.
+def since_rabbitmq_4_3(server_version: object) -> bool:
+    """Whether a RabbitMQ of ``server_version`` is 4.3 or later.
 
-    An unreadable version counts as an older one (the budget rule then stands).
+    ``server_version`` is ``connection.start``'s ``version`` (``"4.3.6"``, text or bytes). From 4.3 a quorum queue takes a consumer's own timeout (``x-consumer-timeout``), sets
+    ``x-acquired-count`` and counts no give-back (``basic.nack``) in ``x-delivery-count``; a
+    classic queue has no consumer timeout. An unreadable version is taken for an older one.
     """
-    parts = server_version.split(".")[:2]
-    try:
-        return tuple(int(part) for part in parts) >= OWN_CONSUMER_TIMEOUT_FROM
-    except ValueError:
-        return False
+    text = (
+        server_version.decode("ascii", "replace")
+        if isinstance(server_version, bytes)
+        else str(server_version)
+    )
+    numbers = tuple(int(part) for part in re.findall(r"[0-9]+", text)[:2])
+    return len(numbers) == 2 and numbers >= RABBITMQ_4_3
 
 
 def check_time_budget(settings: WorkerSettings, declared_timeout_s: float) -> float:

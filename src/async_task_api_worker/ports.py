@@ -84,8 +84,12 @@ class Delivery:
             is the Step Functions request, its task token held aside.
         headers: the message headers (AMQP headers, SQS message attributes), read-only.
         delivery_count: how many times the broker handed this message out before this
-            delivery (RabbitMQ's ``x-delivery-count``: absent, so 0, on the first delivery);
+            delivery that count as attempts (RabbitMQ's ``x-delivery-count``: 0 on the first
+            delivery; from RabbitMQ 4.3 a give-back or a consumer timeout does not count);
             ``None`` when the broker does not count (a classic queue).
+        acquired_count: how many times the broker handed this message out before this
+            delivery, whatever came of them (RabbitMQ 4.3+'s ``x-acquired-count``); ``None``
+            where the broker has no such count (the memory broker, SQS, RabbitMQ before 4.3).
         redelivered: the broker's redelivered flag (AMQP ``redelivered``).
         requeueable: whether the broker can hand the message out again. ``False`` for one that
             left the queue as it was handed out (SQS + Step Functions deletes on pickup): it is
@@ -98,6 +102,7 @@ class Delivery:
     """
 
     __slots__ = (
+        "acquired_count",
         "cancel_token",
         "delivery_count",
         "envelope",
@@ -112,12 +117,14 @@ class Delivery:
         *,
         headers: Mapping[str, Any] | None = None,
         delivery_count: int | None = 0,
+        acquired_count: int | None = None,
         redelivered: bool = False,
         requeueable: bool = True,
     ) -> None:
         self.envelope = envelope
         self.headers: Mapping[str, Any] = headers if headers is not None else {}
         self.delivery_count = delivery_count
+        self.acquired_count = acquired_count
         self.redelivered = redelivered
         self.requeueable = requeueable
         self.cancel_token = CancelToken()
@@ -162,7 +169,8 @@ class Delivery:
     async def give_back(self) -> None:
         """Give the delivery back without counting an attempt (the task was not at fault).
 
-        RabbitMQ: ``basic.nack(requeue=True)``, which RabbitMQ 4.3+ does not count.
+        RabbitMQ: ``basic.nack(requeue=True)``, which RabbitMQ 4.3+ counts in
+        ``x-acquired-count`` only (earlier versions count it as an attempt).
 
         Raises:
             SettleError: the give-back did not reach the broker.

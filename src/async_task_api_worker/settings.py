@@ -195,6 +195,11 @@ class WorkerSettings(BaseSettings):
     """Overrides the ``@worker.task(timeout=...)`` of the code, in seconds."""
     worker_delivery_limit: Annotated[int, Field(ge=1, le=1000)] = 5
     """Attempts a task gets; a ``RetryableError`` on the last one concludes the task."""
+    worker_acquired_limit: Annotated[int, Field(ge=1, le=10_000)] = 25
+    """Hand-outs a message gets, whatever came of them (RabbitMQ 4.3+'s ``x-acquired-count``,
+    which also counts what does not cost an attempt there: give-backs at shutdowns and held
+    reports, consumer timeouts); one past it is abandoned. At least ``WORKER_DELIVERY_LIMIT``:
+    the default gives each of the default 5 attempts 4 give-backs more."""
     worker_retry_backoff_s: NonNegativeSeconds = 1.0
     """First retry backoff, in seconds; doubles with each attempt."""
     worker_retry_backoff_max_s: NonNegativeSeconds = 30.0
@@ -263,6 +268,12 @@ class WorkerSettings(BaseSettings):
             raise ValueError(
                 f"{named('WORKER_PROCESSES')}: sqs-sfn runs one process per ECS task (task "
                 "protection is task-wide); run one process and more tasks"
+            )
+        if self.worker_acquired_limit < self.worker_delivery_limit:
+            # Every attempt is a hand-out too: the lower limit would abandon counted attempts.
+            raise ValueError(
+                "WORKER_ACQUIRED_LIMIT: must be at least WORKER_DELIVERY_LIMIT (every attempt is "
+                "a hand-out too; raise WORKER_ACQUIRED_LIMIT)"
             )
         if self.worker_retry_backoff_s > self.worker_retry_backoff_max_s:
             # The cap would silently win over the first backoff: say which one to change.

@@ -3,7 +3,8 @@
 ``pause()`` stops forwarding in both directions without closing anything: bytes already sent
 wait in the proxy (as they would in a network that went quiet), and are forwarded on
 ``resume()`` to whichever side is still connected. ``cut()`` closes every connection at once.
-It runs on a thread of its own, so that a test can drive it from synchronous code.
+It runs on a thread of its own, so that a test can drive it from synchronous code. A ``tap``
+sees every chunk the target sends, per connection (to read the frames a broker sent).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 __all__ = ["TcpProxy"]
 
@@ -22,10 +23,18 @@ class TcpProxy:
     Args:
         target_host: where connections are forwarded.
         target_port: the target's port.
+        tap: called on the proxy's thread with each connection's number and every chunk the
+            target sends on it, before it is forwarded.
     """
 
-    def __init__(self, target_host: str, target_port: int) -> None:
+    def __init__(
+        self,
+        target_host: str,
+        target_port: int,
+        tap: Callable[[int, bytes], None] | None = None,
+    ) -> None:
         self.target = (target_host, target_port)
+        self._tap = tap
         self.port = 0
         self._loop = asyncio.new_event_loop()
         self._flowing = asyncio.Event()
@@ -75,6 +84,7 @@ class TcpProxy:
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections += 1
+        number = self.connections
         try:
             target_reader, target_writer = await asyncio.open_connection(*self.target)
         except OSError:
@@ -83,16 +93,20 @@ class TcpProxy:
         self._writers.update((writer, target_writer))
         await asyncio.gather(
             self._pipe(reader, target_writer),
-            self._pipe(target_reader, writer),
+            self._pipe(target_reader, writer, number),
             return_exceptions=True,
         )
         for each in (writer, target_writer):
             self._writers.discard(each)
             each.close()
 
-    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _pipe(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, tapped: int = 0
+    ) -> None:
         try:
             while data := await reader.read(65536):
+                if tapped and self._tap is not None:
+                    self._tap(tapped, data)
                 await self._flowing.wait()
                 writer.write(data)
                 await writer.drain()
@@ -114,7 +128,9 @@ class TcpProxy:
 
 
 @contextlib.contextmanager
-def proxy_to(host: str, port: int) -> Iterator[TcpProxy]:
+def proxy_to(
+    host: str, port: int, tap: Callable[[int, bytes], None] | None = None
+) -> Iterator[TcpProxy]:
     """A running :class:`TcpProxy` to ``host:port``."""
-    with TcpProxy(host, port) as proxy:
+    with TcpProxy(host, port, tap) as proxy:
         yield proxy

@@ -7,7 +7,6 @@ import pytest
 from async_task_api_worker.broker_rules import (
     consumer_timeout_s,
     delivery_budget_s,
-    takes_own_consumer_timeout,
 )
 from async_task_api_worker.errors import SettingsError, TimeBudgetError
 from async_task_api_worker.settings import (
@@ -234,20 +233,16 @@ def test_a_longer_task_gets_a_consumer_timeout_of_its_own_budget() -> None:
     assert consumer_timeout_s(settings, 5000.0) > delivery_budget_s(settings, 5000.0) + 60
 
 
-@pytest.mark.parametrize(
-    ("version", "takes"),
-    [
-        ("4.3.6", True),
-        ("4.4.0", True),
-        ("5.0", True),
-        ("4.0.5", False),
-        ("3.10.8", False),
-        ("", False),
-        ("garbage", False),
-        ("4", False),
-    ],
-)
-def test_only_rabbitmq_4_3_and_later_takes_a_consumer_timeout_of_the_workers(
-    version: str, takes: bool
+def test_the_hand_out_limit_is_at_least_the_delivery_limit(
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    assert takes_own_consumer_timeout(version) is takes
+    assert load_settings(read_environment=False).worker_acquired_limit == 25
+    monkeypatch.setenv("WORKER_DELIVERY_LIMIT", "30")  # above the default hand-out limit
+    with pytest.raises(SettingsError) as error:
+        load_settings()
+    assert str(error.value) == (
+        "invalid setting WORKER_ACQUIRED_LIMIT: must be at least WORKER_DELIVERY_LIMIT (every "
+        "attempt is a hand-out too; raise WORKER_ACQUIRED_LIMIT)"
+    )
+    monkeypatch.setenv("WORKER_ACQUIRED_LIMIT", "30")
+    assert load_settings().worker_acquired_limit == 30

@@ -1,12 +1,15 @@
 """Admission: whether a delivery may run, decided once for every face.
 
 A delivery is admitted when its body is a valid envelope for this worker's service, its attempt
-is within the delivery limit under the queue's counting rule, and its input passes the task's
-input model. Otherwise the admission says how the delivery is settled without running:
+is within the delivery limit under the queue's counting rule, its hand-out within the hand-out
+limit where the broker counts hand-outs, and its input passes the task's input model.
+Otherwise the admission says how the delivery is settled without running:
 
 - a poison body whose task id is lost: rejected, nobody to tell;
 - a poison body with a task id, or an envelope for another service: ``POISON_MESSAGE``;
-- an attempt past the limit (a crash loop): ``TASK_ABANDONED_AFTER_REDELIVERIES``;
+- an attempt past ``WORKER_DELIVERY_LIMIT`` (a crash loop), or a hand-out past
+  ``WORKER_ACQUIRED_LIMIT`` (RabbitMQ 4.3+: a loop of give-backs or consumer timeouts, which
+  cost no attempt there): ``TASK_ABANDONED_AFTER_REDELIVERIES``;
 - input the model refuses: ``INVALID_INPUT``, naming the model's fields only.
 
 ``run`` and ``dev`` (through the engine), the test harness and the ``tick`` command all admit
@@ -46,33 +49,66 @@ class Attempt:
         limit: the attempts the task gets.
         count_known: whether the broker counts deliveries (a quorum queue); without a count
             only "first delivery or not" is known.
+        handout: this delivery's hand-out, from 1, where the broker counts every hand-out
+            (``Delivery.acquired_count``, RabbitMQ 4.3+); ``None`` elsewhere.
+        handout_limit: the hand-outs the message gets (``WORKER_ACQUIRED_LIMIT``), with
+            ``handout``.
     """
 
     number: int
     limit: int
     count_known: bool
+    handout: int | None = None
+    handout_limit: int | None = None
 
 
-def attempt_of(delivery: Delivery, *, delivery_limit: int) -> Attempt:
+def attempt_of(
+    delivery: Delivery, *, delivery_limit: int, acquired_limit: int | None = None
+) -> Attempt:
     """The attempt of ``delivery``, under its broker's counting rule.
 
     Args:
         delivery: as the transport handed it out.
         delivery_limit: ``WORKER_DELIVERY_LIMIT``.
+        acquired_limit: ``WORKER_ACQUIRED_LIMIT``; ``None``: hand-outs are not limited.
 
     A delivery its broker cannot hand out again (``requeueable`` false: SQS deletes on pickup,
     and Step Functions is the only retry source) is its task's one attempt (``1/1``). With a
     count, the attempt is the count plus one. Without one (a classic queue), a redelivery is
     attempt 2 and the limit is at most :data:`UNKNOWN_COUNT_LIMIT`: a retry is allowed once,
-    and a crash loop cannot be detected.
+    and a crash loop cannot be detected. Where the broker counts every hand-out
+    (``acquired_count``), the hand-out is that count plus one, limited by ``acquired_limit``.
     """
     if not delivery.requeueable:
         return Attempt(1, 1, True)
+    handout = None
+    if delivery.acquired_count is not None and acquired_limit is not None:
+        handout = max(0, delivery.acquired_count) + 1
+    limit = None if handout is None else acquired_limit
     if delivery.delivery_count is None:
-        return Attempt(
-            2 if delivery.redelivered else 1, min(delivery_limit, UNKNOWN_COUNT_LIMIT), False
+        number = 2 if delivery.redelivered else 1
+        return Attempt(number, min(delivery_limit, UNKNOWN_COUNT_LIMIT), False, handout, limit)
+    return Attempt(max(0, delivery.delivery_count) + 1, delivery_limit, True, handout, limit)
+
+
+def _past_a_limit(attempt: Attempt) -> str | None:
+    """Why ``attempt`` is past one of its limits (the failure's message), or ``None``."""
+    if attempt.number > attempt.limit:
+        return (
+            f"the task was delivered {attempt.number} times, more than its limit of "
+            f"{attempt.limit}; it was not run again"
         )
-    return Attempt(max(0, delivery.delivery_count) + 1, delivery_limit, True)
+    if (
+        attempt.handout is not None
+        and attempt.handout_limit is not None
+        and attempt.handout > attempt.handout_limit
+    ):
+        return (
+            f"the task was handed out {attempt.handout} times (give-backs and consumer timeouts "
+            f"included), more than its hand-out limit of {attempt.handout_limit} "
+            "(WORKER_ACQUIRED_LIMIT); it was not run again"
+        )
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,15 +175,12 @@ def admit(
             else Failure(ErrorCode.POISON_MESSAGE, f"the message was refused: {exc}")
         )
         return Refused(exc.task_id, exc.client_id, failure, poison_reason=exc.reason)
-    if attempt.number > attempt.limit:
+    abandoned = _past_a_limit(attempt)
+    if abandoned is not None:
         return Refused(
             envelope.task_id,
             envelope.client_id,
-            Failure(
-                ErrorCode.TASK_ABANDONED_AFTER_REDELIVERIES,
-                f"the task was delivered {attempt.number} times, more than its limit of "
-                f"{attempt.limit}; it was not run again",
-            ),
+            Failure(ErrorCode.TASK_ABANDONED_AFTER_REDELIVERIES, abandoned),
         )
     task_input = validate_input(task, envelope.input)
     if isinstance(task_input, Failure):

@@ -242,7 +242,7 @@ class Engine:
             arrived_at: when it arrived, on the engine's monotonic clock.
             stop: the shutdown signal whose abort ends a held report.
         """
-        attempt = attempt_of(delivery, delivery_limit=self._settings.worker_delivery_limit)
+        attempt = self._attempt_of(delivery)
         return DeliveryReporter(
             delivery=delivery,
             attempt=attempt.number,
@@ -264,7 +264,7 @@ class Engine:
         """Admit ``run``'s delivery (``engine.admission``); an admitted task's ids go on ``run``."""
         admission = admit(
             run.delivery,
-            Attempt(run.attempt, run.limit, run.count_known),
+            self._attempt_of(run.delivery),  # its hand-out too, which the reporter does not keep
             task=self._task,
             service=self._service,
         )
@@ -363,6 +363,14 @@ class Engine:
         )
         await wait_before_retry(run, delay_s, stop, cancel=cancel, service=self._service)
         return cancel is not None and cancel.cancelled
+
+    def _attempt_of(self, delivery: Delivery) -> Attempt:
+        """``delivery``'s attempt and hand-out under the settings' limits."""
+        return attempt_of(
+            delivery,
+            delivery_limit=self._settings.worker_delivery_limit,
+            acquired_limit=self._settings.worker_acquired_limit,
+        )
 
     @staticmethod
     def _attempt(run: DeliveryReporter) -> Attempt:

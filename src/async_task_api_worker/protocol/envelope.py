@@ -33,6 +33,7 @@ from async_task_api_worker.protocol.encoding import (
 )
 
 __all__ = [
+    "ACQUIRED_COUNT_HEADER",
     "DEFAULT_MAX_BODY_BYTES",
     "DELIVERY_COUNT_HEADER",
     "ID_PATTERN",
@@ -63,6 +64,10 @@ DEFAULT_MAX_BODY_BYTES: Final = 16 * 1024 * 1024
 #: The AMQP header in which RabbitMQ counts a quorum queue's earlier deliveries of a message
 #: (docs/protocol.md, "Attempts and the delivery limit"); a producer must not set it.
 DELIVERY_COUNT_HEADER: Final = "x-delivery-count"
+
+#: The AMQP header in which RabbitMQ 4.3+ counts a quorum queue's earlier hand-outs of a
+#: message, give-backs and consumer timeouts included (``WORKER_ACQUIRED_LIMIT``).
+ACQUIRED_COUNT_HEADER: Final = "x-acquired-count"
 
 _ID_RE = re.compile(ID_PATTERN)
 

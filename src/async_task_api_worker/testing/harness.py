@@ -215,6 +215,7 @@ class WorkerHarness:
         client_id: str = "test-client",
         input_refs: Sequence[InputRef | Mapping[str, Any]] = (),
         delivery_count: int = 0,
+        acquired_count: int | None = None,
         task_id: str | None = None,
     ) -> TaskRun:
         """Build the envelope the API would publish, deliver it once, and return what happened.
@@ -225,6 +226,9 @@ class WorkerHarness:
             input_refs: input references, as :class:`InputRef` or plain mappings.
             delivery_count: the broker's ``x-delivery-count`` for this delivery (0: the first);
                 the attempt is ``delivery_count + 1``.
+            acquired_count: the broker's ``x-acquired-count`` (earlier hand-outs, RabbitMQ
+                4.3+; default: ``delivery_count``); past ``WORKER_ACQUIRED_LIMIT`` the task is
+                abandoned.
             task_id: the task id (default: a new UUID).
 
         Returns:
@@ -241,9 +245,13 @@ class WorkerHarness:
                 for ref in input_refs
             ],
         }
-        return await self.submit_raw(canonical_dumps(envelope), delivery_count=delivery_count)
+        return await self.submit_raw(
+            canonical_dumps(envelope), delivery_count=delivery_count, acquired_count=acquired_count
+        )
 
-    async def submit_raw(self, body: bytes, *, delivery_count: int = 0) -> TaskRun:
+    async def submit_raw(
+        self, body: bytes, *, delivery_count: int = 0, acquired_count: int | None = None
+    ) -> TaskRun:
         """Deliver ``body`` as it is (a poison message, a hand-made envelope) once.
 
         Concurrent calls run at most ``worker_concurrency`` deliveries at once, as the broker's
@@ -254,7 +262,9 @@ class WorkerHarness:
         """
         if self._closed:
             raise RuntimeError("the harness is closed")
-        message = self.transport.put(body, delivery_count=delivery_count)
+        message = self.transport.put(
+            body, delivery_count=delivery_count, acquired_count=acquired_count
+        )
         delivery = self.transport.take(message.message_id)
         if delivery is None:  # pragma: no cover - just put, and only this call takes it
             raise RuntimeError("the submitted message vanished from the in-memory queue")

@@ -441,3 +441,30 @@ async def test_assertions_say_what_happened_instead() -> None:
         run.assert_failed(code="OTHER")
     run.assert_failed()
     assert run.settlement.action is Action.CONCLUDE
+
+
+async def test_past_the_hand_out_limit_the_task_is_abandoned_naming_that_limit() -> None:
+    # RabbitMQ 4.3: give-backs and consumer timeouts leave x-delivery-count at 0 and raise
+    # x-acquired-count; WORKER_ACQUIRED_LIMIT (25 by default) ends such a loop.
+    calls: list[str] = []
+    async with WorkerHarness(make_worker("ok", calls)) as harness:
+        run = await harness.submit({"text": "hi"}, delivery_count=0, acquired_count=25)
+        within = await harness.submit({"text": "hi"}, delivery_count=0, acquired_count=24)
+    run.assert_failed(code="TASK_ABANDONED_AFTER_REDELIVERIES")
+    assert "handed out 26 times" in run.messages[-1].error.message  # type: ignore[union-attr]
+    assert "WORKER_ACQUIRED_LIMIT" in run.messages[-1].error.message  # type: ignore[union-attr]
+    within.assert_succeeded()
+    assert within.messages[0].attempt == 1  # the hand-outs cost no attempt
+    assert len(calls) == 1
+
+
+async def test_a_give_back_in_the_memory_broker_counts_a_hand_out_not_an_attempt() -> None:
+    async with WorkerHarness(make_worker("ok")) as harness:
+        message = harness.transport.put(b"{}")
+        delivery = harness.transport.take(message.message_id)
+        assert delivery is not None and delivery.acquired_count == 0
+        await delivery.give_back()
+        again = harness.transport.take(message.message_id)
+    assert again is not None
+    assert (again.delivery_count, again.acquired_count, again.redelivered) == (0, 1, True)
+    assert again.headers == {"x-acquired-count": 1}

@@ -84,7 +84,12 @@ class InMemoryTransport:
         }
 
     def put(
-        self, body: bytes, headers: Mapping[str, Any] | None = None, *, delivery_count: int = 0
+        self,
+        body: bytes,
+        headers: Mapping[str, Any] | None = None,
+        *,
+        delivery_count: int = 0,
+        acquired_count: int | None = None,
     ) -> QueuedMessage:
         """Enqueue a message (at the tail), as a producer's publish would.
 
@@ -92,6 +97,7 @@ class InMemoryTransport:
             body: the body bytes.
             headers: optional message headers.
             delivery_count: start the message as if it had been delivered this many times.
+            acquired_count: ... and handed out this many times (default: ``delivery_count``).
 
         Returns:
             The queued message.
@@ -100,7 +106,8 @@ class InMemoryTransport:
             bytes(body),
             dict(headers or {}),
             delivery_count=delivery_count,
-            redelivered=delivery_count > 0,
+            acquired_count=delivery_count if acquired_count is None else acquired_count,
+            redelivered=delivery_count > 0 or bool(acquired_count),
             message_id=next(self._ids),
         )
         self._ready.append(message)
@@ -326,6 +333,7 @@ class InMemoryTransport:
 
     def _requeue(self, message: QueuedMessage, *, counted: bool) -> None:
         message.redelivered = True
+        message.acquired_count += 1
         if counted:
             message.delivery_count += 1
         limit = self._queue_delivery_limit

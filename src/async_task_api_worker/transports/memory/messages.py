@@ -7,7 +7,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from async_task_api_worker.ports import Delivery
-from async_task_api_worker.protocol.envelope import DELIVERY_COUNT_HEADER, read_envelope
+from async_task_api_worker.protocol.envelope import (
+    ACQUIRED_COUNT_HEADER,
+    DELIVERY_COUNT_HEADER,
+    read_envelope,
+)
 from async_task_api_worker.protocol.reports import EncodedReport
 
 if TYPE_CHECKING:
@@ -23,7 +27,8 @@ class QueuedMessage:
     Attributes:
         body: the body bytes.
         headers: the message headers, as published.
-        delivery_count: how many times the message was handed out and came back.
+        delivery_count: how many times the message came back counted (not a give-back).
+        acquired_count: how many times it was handed out and came back (``x-acquired-count``).
         redelivered: whether it was handed out before.
         message_id: the queue's own id for the message, from 1.
     """
@@ -31,6 +36,7 @@ class QueuedMessage:
     body: bytes
     headers: dict[str, Any] = field(default_factory=dict)
     delivery_count: int = 0
+    acquired_count: int = 0
     redelivered: bool = False
     message_id: int = 0
 
@@ -70,10 +76,13 @@ class MemoryDelivery(Delivery):
         headers = dict(message.headers)
         if counted and message.delivery_count:
             headers[DELIVERY_COUNT_HEADER] = message.delivery_count
+        if counted and message.acquired_count:
+            headers[ACQUIRED_COUNT_HEADER] = message.acquired_count
         super().__init__(
             read_envelope(message.body, max_body_bytes=max_body_bytes),
             headers=headers,
             delivery_count=message.delivery_count if counted else None,
+            acquired_count=message.acquired_count if counted else None,
             redelivered=message.redelivered,
         )
         self._transport = transport

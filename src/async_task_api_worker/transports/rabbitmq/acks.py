@@ -12,8 +12,9 @@ an ack: every tag of the channel at or below it that is still unsettled must be 
 acked in this batch, and every tag the broker handed out up to it must have been seen
 (:meth:`ChannelSettles.received`). A tag that is still running, or whose delivery was never
 seen, breaks the run, so ``multiple`` can never settle a delivery that was not decided.
-Nacks and rejects always go one by one: from RabbitMQ 4.3 only a reject counts towards the
-delivery limit, and each keeps its own ``requeue``.
+Nacks and rejects always go one by one: from RabbitMQ 4.3 a reject counts towards the
+delivery limit (``x-delivery-count``) and a nack does not (only ``x-acquired-count`` moves:
+docs/brokers.md, "Attempt counting per version"), and each keeps its own ``requeue``.
 """
 
 from __future__ import annotations

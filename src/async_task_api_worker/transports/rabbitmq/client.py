@@ -73,7 +73,8 @@ class ReportMessage:
     def give_back(self) -> None:
         """Leave the report in the queue for its owner (``basic.nack`` with requeue), soon.
 
-        Before RabbitMQ 4.3 this counts as a delivery of that report on a quorum queue.
+        Before RabbitMQ 4.3 this counts as a delivery of that report on a quorum queue
+        (``x-delivery-count``); from 4.3 only its ``x-acquired-count`` moves.
         """
         task = asyncio.ensure_future(self._nack_later())
         _PENDING.add(task)

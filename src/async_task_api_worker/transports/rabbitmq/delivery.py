@@ -1,15 +1,20 @@
-"""One RabbitMQ delivery: its delivery count, its reports and its settle.
+"""One RabbitMQ delivery: its counts, its reports and its settle.
 
-RabbitMQ behaviours it follows (checked on 3.10 and documented for 4.x):
+RabbitMQ behaviours it follows (measured on 3.10.8, 4.0.5 and 4.3.6: docs/brokers.md,
+"Attempt counting per version", from ``tests/integration/test_attempt_counting_on_rabbitmq.py``):
 
-- ``x-delivery-count`` is set on quorum queues only: absent (or 0) on a first delivery, then
-  1, 2... after each requeue, a dead consumer or a consumer timeout. A classic queue only sets
-  ``redelivered``: its deliveries have no count (``delivery_count`` ``None``).
+- Quorum queues count, classic queues only set ``redelivered`` (``delivery_count`` ``None``).
+  ``x-delivery-count`` is absent (3.10: 0) on a first delivery. Before 4.3 it counts every
+  return: a reject, a nack, a crash, a lost connection, a consumer timeout. From 4.3 it counts
+  a ``basic.reject``, a crash and a lost connection only; a redelivery after a give-back or a
+  consumer timeout carries none (measured): it counts 0.
+- ``x-acquired-count`` (4.3+ quorum queues) counts every earlier hand-out; it bounds the loops
+  4.3's delivery count does not see (``WORKER_ACQUIRED_LIMIT``). Before 4.3 a producer's own
+  header of that name passes through, so it is read only from a broker that sets it.
 - A failed attempt is settled with ``basic.reject(requeue=True)`` (:meth:`retry`), a give-back
-  with ``basic.nack(requeue=True)`` (:meth:`give_back`): from RabbitMQ 4.3 only the first counts
-  towards the delivery limit (before 4.3 both do). Settles are sent together at the end of the
-  event loop's turn, and acks of consecutive delivery tags as one ``basic.ack(multiple=True)``
-  (``acks``).
+  with ``basic.nack(requeue=True)`` (:meth:`give_back`). Settles are sent together at the end
+  of the event loop's turn, and acks of consecutive delivery tags as one
+  ``basic.ack(multiple=True)`` (``acks``).
 - A delivery whose channel closed was requeued by the broker: it is neither reported on nor
   settled again (its delivery tag belonged to the dead channel).
 """
@@ -25,29 +30,69 @@ from typing import Any
 
 from async_task_api_worker.errors import EnvelopeDecodeError, PublishError, SettleError
 from async_task_api_worker.ports import Delivery
-from async_task_api_worker.protocol.envelope import DELIVERY_COUNT_HEADER, Envelope
+from async_task_api_worker.protocol.envelope import (
+    ACQUIRED_COUNT_HEADER,
+    DELIVERY_COUNT_HEADER,
+    Envelope,
+)
 from async_task_api_worker.protocol.reports import EncodedReport
 from async_task_api_worker.transports.rabbitmq.acks import ChannelSettles, Settle
 from async_task_api_worker.transports.rabbitmq.failures import settle_errors
 from async_task_api_worker.transports.rabbitmq.reports import ReportPublisher, ReportTrail
 
-__all__ = ["RabbitDelivery", "delivery_count_of"]
+__all__ = [
+    "RabbitDelivery",
+    "acquired_count_of",
+    "delivery_count_of",
+]
 
 _DIGITS = re.compile(r"[0-9]{1,9}")
 
 
-def delivery_count_of(headers: Mapping[str, Any], redelivered: bool) -> int | None:
-    """The broker's delivery count from the headers, or ``None`` when it is unknown.
+def delivery_count_of(
+    headers: Mapping[str, Any], redelivered: bool, *, quorum: bool, acquired: bool = False
+) -> int | None:
+    """The broker's delivery count of this delivery (earlier counted returns), or ``None``.
 
-    ``x-delivery-count`` may arrive as any AMQP integer type (or a decimal); its absence means
-    "unknown" on a redelivery (a classic queue). A first delivery (``redelivered`` false)
-    counts 0 whatever its headers say: RabbitMQ 3.10 passes a producer's own
-    ``x-delivery-count`` through on a first delivery. A value that is not a plausible count (a
-    forged header) counts as unknown; this function never raises.
+    The one counting rule of the RabbitMQ transport (see the module for what each version
+    counts):
+
+    - a first delivery (``redelivered`` false) counts 0 whatever its headers say: RabbitMQ 3.10
+      and 4.x pass a producer's own ``x-delivery-count`` through on a first delivery;
+    - a classic queue (``quorum`` false) keeps no count: ``None``;
+    - a quorum queue's redelivery without ``x-delivery-count`` counts 0 (RabbitMQ 4.3 sets none
+      after a give-back or a consumer timeout); an unreadable value is ``None`` (unknown);
+    - from a broker that sets ``x-acquired-count`` (``acquired``: 4.3+), the count is at most
+      that: 4.3 leaves a producer's forged ``x-delivery-count`` in place until it first counts.
+
+    ``x-delivery-count`` may arrive as any AMQP integer type (or a decimal, or digits); this
+    function never raises.
     """
     if not redelivered:
         return 0
-    value = headers.get(DELIVERY_COUNT_HEADER)
+    if not quorum:
+        return None
+    count = _count(headers.get(DELIVERY_COUNT_HEADER, 0))
+    handed_out = acquired_count_of(headers, redelivered) if acquired else None
+    if count is not None and handed_out is not None:
+        return min(count, handed_out)
+    return count
+
+
+def acquired_count_of(headers: Mapping[str, Any], redelivered: bool) -> int | None:
+    """How many times the broker handed this message out before (``x-acquired-count``).
+
+    Read only from a broker that sets the header (RabbitMQ 4.3+ quorum queues: the caller
+    decides). A first delivery counts 0 whatever its headers say; a redelivery without a
+    readable value is ``None`` (unknown). Never raises.
+    """
+    if not redelivered:
+        return 0
+    return _count(headers.get(ACQUIRED_COUNT_HEADER))
+
+
+def _count(value: object) -> int | None:
+    """A header's count as an ``int`` in 0..10**9, or ``None`` for one that is not a count."""
     count: int | None = None
     if isinstance(value, int) and not isinstance(value, bool):
         count = value
@@ -73,6 +118,7 @@ class RabbitDelivery(Delivery):
         envelope: the body as decoded (``protocol.envelope.read_envelope``).
         headers: the AMQP headers.
         delivery_count: the broker's count, or ``None`` (a classic queue, or unknown).
+        acquired_count: the broker's count of earlier hand-outs (4.3+), or ``None``.
         redelivered: AMQP ``redelivered``.
         tag: the delivery tag on ``settles``' channel.
         settles: the channel's settles; ``None`` for a delivery that settles nothing
@@ -103,6 +149,7 @@ class RabbitDelivery(Delivery):
         *,
         headers: Mapping[str, Any],
         delivery_count: int | None,
+        acquired_count: int | None = None,
         redelivered: bool,
         tag: int,
         settles: ChannelSettles | None,
@@ -110,7 +157,11 @@ class RabbitDelivery(Delivery):
         done: Callable[[RabbitDelivery], object],
     ) -> None:
         super().__init__(
-            envelope, headers=headers, delivery_count=delivery_count, redelivered=redelivered
+            envelope,
+            headers=headers,
+            delivery_count=delivery_count,
+            acquired_count=acquired_count,
+            redelivered=redelivered,
         )
         self.tag = tag
         self.trail = ReportTrail()
@@ -158,6 +209,8 @@ class RabbitDelivery(Delivery):
 
     async def give_back(self) -> None:
         """``basic.nack(requeue=True)``: back without counting an attempt (RabbitMQ 4.3+).
+
+        Before 4.3 it counts like :meth:`retry`; from 4.3 only ``x-acquired-count`` moves.
 
         Raises:
             SettleError: the channel closed (the broker requeued it), or the call failed.

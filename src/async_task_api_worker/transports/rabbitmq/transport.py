@@ -26,7 +26,7 @@ import aiormq
 from aio_pika.abc import AbstractRobustChannel
 from aiormq.abc import DeliveredMessage
 
-from async_task_api_worker.broker_rules import takes_own_consumer_timeout
+from async_task_api_worker.broker_rules import since_rabbitmq_4_3
 from async_task_api_worker.errors import (
     BrokerRefusedError,
     TimeBudgetError,
@@ -37,7 +37,11 @@ from async_task_api_worker.protocol.envelope import DEFAULT_MAX_BODY_BYTES, read
 from async_task_api_worker.transports.rabbitmq.acks import ChannelSettles, Settle
 from async_task_api_worker.transports.rabbitmq.consumer import Consumer
 from async_task_api_worker.transports.rabbitmq.control import listen_for_cancels
-from async_task_api_worker.transports.rabbitmq.delivery import RabbitDelivery, delivery_count_of
+from async_task_api_worker.transports.rabbitmq.delivery import (
+    RabbitDelivery,
+    acquired_count_of,
+    delivery_count_of,
+)
 from async_task_api_worker.transports.rabbitmq.failures import setup_error
 from async_task_api_worker.transports.rabbitmq.link import BrokerLink
 from async_task_api_worker.transports.rabbitmq.reports import ReportPublisher
@@ -121,6 +125,7 @@ class RabbitMQTransport:
         self._reports = ReportPublisher(self._publisher, out_queue)
         self._consume_channel: AbstractRobustChannel | None = None
         self._count_known = True
+        self._counts_acquired = False
         self._inbox: asyncio.Queue[RabbitDelivery | GaveUp | None] = asyncio.Queue()
         self._watch = ChannelWatch(
             in_queue,
@@ -179,8 +184,10 @@ class RabbitMQTransport:
             await declare_queue(consume, self._out_queue_name)
             self._count_known = await queue_type(connection, self._in_queue_name) == "quorum"
             client = await consume.get_underlay_channel()
-            version = str(client.connection.server_properties.get("version", ""))
-            self._ask_consumer_timeout(version)
+            version = client.connection.server_properties.get("version")
+            since_4_3 = since_rabbitmq_4_3(version)
+            self._counts_acquired = self._count_known and since_4_3
+            self._ask_consumer_timeout(since_4_3)
             if self._cancel_handler is not None and self._control_exchange is not None:
                 await listen_for_cancels(connection, self._control_exchange, self._cancel_handler)
             await self._reports.open()
@@ -212,13 +219,13 @@ class RabbitMQTransport:
             else f"a consumer timeout of the worker's own, {timeout_s:g} s",
         )
 
-    def _ask_consumer_timeout(self, version: str) -> None:
+    def _ask_consumer_timeout(self, since_4_3: bool) -> None:
         """Ask for the worker's own consumer timeout where the broker takes one (``broker_rules``).
 
         Raises:
             TimeBudgetError: the broker has only its own, and the time budget does not fit.
         """
-        if not takes_own_consumer_timeout(version):
+        if not since_4_3:
             if self._time_budget_error is not None:
                 raise self._time_budget_error
         elif self._count_known and self._consumer_timeout_s is not None:
@@ -292,9 +299,11 @@ class RabbitMQTransport:
             delivery = RabbitDelivery(
                 read_envelope(message.body, max_body_bytes=self._max_body_bytes),
                 headers=headers,
-                # A classic queue keeps no count: only "redelivered or not" is known.
-                delivery_count=delivery_count_of(headers, redelivered)
-                if self._count_known
+                delivery_count=delivery_count_of(
+                    headers, redelivered, quorum=self._count_known, acquired=self._counts_acquired
+                ),
+                acquired_count=acquired_count_of(headers, redelivered)
+                if self._counts_acquired
                 else None,
                 redelivered=redelivered,
                 tag=tag,

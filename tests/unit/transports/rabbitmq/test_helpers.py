@@ -10,10 +10,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from async_task_api_worker.broker_rules import since_rabbitmq_4_3
 from async_task_api_worker.errors import BrokerUnavailableError, PublishError
 from async_task_api_worker.observability.redaction import redact_url
 from async_task_api_worker.transports.rabbitmq import RabbitMQTransport
-from async_task_api_worker.transports.rabbitmq.delivery import delivery_count_of
+from async_task_api_worker.transports.rabbitmq.delivery import (
+    acquired_count_of,
+    delivery_count_of,
+)
 from async_task_api_worker.transports.rabbitmq.failures import publish_errors
 from async_task_api_worker.transports.rabbitmq.link import with_heartbeat
 from async_task_api_worker.transports.rabbitmq.topology import inequivalent_argument
@@ -23,7 +27,7 @@ from async_task_api_worker.transports.rabbitmq.topology import inequivalent_argu
     ("headers", "redelivered", "expected"),
     [
         ({}, False, 0),  # a first delivery: RabbitMQ sets no header
-        ({}, True, None),  # a redelivery without the header: a classic queue, count unknown
+        ({}, True, 0),  # a quorum queue's redelivery without it: 4.3 after a give-back
         ({"x-delivery-count": 0}, False, 0),
         ({"x-delivery-count": 3}, True, 3),
         ({"x-delivery-count": Decimal(4)}, True, 4),
@@ -45,7 +49,80 @@ from async_task_api_worker.transports.rabbitmq.topology import inequivalent_argu
 def test_the_delivery_count_is_read_from_any_integer_type(
     headers: dict[str, object], redelivered: bool, expected: int | None
 ) -> None:
-    assert delivery_count_of(headers, redelivered) == expected
+    assert delivery_count_of(headers, redelivered, quorum=True) == expected
+
+
+def test_a_classic_queue_keeps_no_count_but_a_first_delivery_is_the_first() -> None:
+    assert delivery_count_of({"x-delivery-count": 3}, True, quorum=False) is None
+    assert delivery_count_of({}, False, quorum=False) == 0
+
+
+def test_a_forged_delivery_count_left_by_a_4_3_give_back_is_capped_by_the_hand_outs() -> None:
+    # Measured on 4.3.6: a producer's x-delivery-count 7 survives a nack; x-acquired-count is
+    # the broker's own (1): at most one earlier delivery can have counted.
+    headers = {"x-delivery-count": 7, "x-acquired-count": 1}
+    assert delivery_count_of(headers, True, quorum=True, acquired=True) == 1
+    assert delivery_count_of(headers, True, quorum=True, acquired=False) == 7  # 3.10, 4.0
+
+
+@pytest.mark.parametrize(
+    ("headers", "redelivered", "expected"),
+    [
+        ({}, False, 0),
+        ({"x-acquired-count": 9}, False, 0),  # a producer's own, on a first delivery
+        ({"x-acquired-count": 2}, True, 2),
+        ({"x-acquired-count": b"3"}, True, 3),
+        ({}, True, None),
+        ({"x-acquired-count": "many"}, True, None),
+    ],
+)
+def test_the_acquired_count_is_read_like_the_delivery_count(
+    headers: dict[str, object], redelivered: bool, expected: int | None
+) -> None:
+    assert acquired_count_of(headers, redelivered) == expected
+
+
+@pytest.mark.parametrize(
+    ("version", "sets"),
+    [(b"4.3.6", True), ("4.4.0", True), ("5.0.0-beta.1", True), (b"4.0.5", False),
+     (b"3.10.8", False), (b"", False), (None, False), (b"x.y", False)],
+)  # fmt: skip
+def test_only_rabbitmq_4_3_and_later_set_the_acquired_count(version: object, sets: bool) -> None:
+    assert since_rabbitmq_4_3(version) is sets
+
+
+_HEADER_VALUES = st.one_of(
+    st.none(),
+    st.integers(),
+    st.booleans(),
+    st.floats(),
+    st.decimals(),
+    st.text(max_size=20),
+    st.binary(max_size=20),
+)
+
+
+@given(
+    delivered=_HEADER_VALUES,
+    acquired=_HEADER_VALUES,
+    redelivered=st.booleans(),
+    quorum=st.booleans(),
+    sets_acquired=st.booleans(),
+)
+def test_any_headers_give_a_count_in_range_never_an_error(
+    delivered: object, acquired: object, redelivered: bool, quorum: bool, sets_acquired: bool
+) -> None:
+    headers = {"x-delivery-count": delivered, "x-acquired-count": acquired}
+    count = delivery_count_of(headers, redelivered, quorum=quorum, acquired=sets_acquired)
+    handed_out = acquired_count_of(headers, redelivered)
+    for value in (count, handed_out):
+        assert value is None or 0 <= value <= 1_000_000_000
+    if not redelivered:  # a first delivery is the first, whatever a producer forged
+        assert count == 0 and handed_out == 0
+    elif not quorum:
+        assert count is None
+    elif sets_acquired and count is not None and handed_out is not None:
+        assert count <= handed_out
 
 
 @pytest.mark.parametrize(
