@@ -113,7 +113,8 @@ def consumer_timeout_s(settings: WorkerSettings, timeout_s: float) -> float:
 def since_rabbitmq_4_3(server_version: object) -> bool:
     """Whether a RabbitMQ of ``server_version`` is 4.3 or later.
 
-    ``server_version`` is ``connection.start``'s ``version`` (``"4.3.6"``, text or bytes). From 4.3 a quorum queue takes a consumer's own timeout (``x-consumer-timeout``), sets
+    ``server_version`` is ``connection.start``'s ``version`` (``"4.3.6"``, text or bytes). From
+    4.3 a quorum queue takes a consumer's own timeout (``x-consumer-timeout``), sets
     ``x-acquired-count`` and counts no give-back (``basic.nack``) in ``x-delivery-count``; a
     classic queue has no consumer timeout. An unreadable version is taken for an older one.
     """
