@@ -5,8 +5,8 @@ fixed number: another run on the same machine (a second checkout, CI beside a de
 other xdist workers of this run) may hold any fixed one. A port is free when it can be bound on
 127.0.0.1 right now; the pick is random, so that two runs probing at once rarely pick the same.
 
-``.ci/run``'s own RabbitMQ 4.0 node and moto's ``MOTO_PORT`` are CI's: the tests only read the
-environment variables that name them.
+``.ci/run``'s own RabbitMQ 4.0 and 4.3 nodes and moto's ``MOTO_PORT`` are CI's: the tests only
+read the environment variables that name them.
 """
 
 from __future__ import annotations
