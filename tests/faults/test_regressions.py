@@ -161,3 +161,35 @@ async def test_a_quorum_queue_with_a_delivery_limit_argument_counts_attempts(
     assert "is not a quorum queue" not in log
     # The plain declare's mismatch is logged as the broker names it.
     assert "Queue limit_in exists with arguments" in log and "inequivalent arg '" in log
+
+
+#: A node whose own consumer timeout (10 s) is far shorter than the tasks (40 s, timeout 120 s).
+SHORT_NODE_TIMEOUT = {"conf": {"consumer_timeout": "10000"}}
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("node", on_versions("4.3", **SHORT_NODE_TIMEOUT), indirect=True)
+async def test_tasks_longer_than_the_nodes_consumer_timeout(
+    node: Broker, markers: Path, tmp_path: Path, record: Any
+) -> None:
+    # RabbitMQ 4.3 takes the worker's own consumer timeout (x-consumer-timeout, from the task's
+    # budget): no broker setting is changed for a task that outlives the node's.
+    case = Case(node, "long", markers, tmp_path, env={"WORKER_TASK_TIMEOUT_S": "120"})
+    case.worker.start()
+    ids = await case.publish(2, {"seconds": 40.0})
+    counts = await case.settle(ids)
+    log = case.worker.log()
+    cancels = log.count("The broker cancelled the consumer")
+    record(
+        counts.row(
+            "the node's consumer_timeout 10 s, tasks of 40 s (timeout 120 s)",
+            broker=node.label,
+            measured=f"attempts {sorted({a for i in ids for a in counts.attempts[i]})}, "
+            f"{cancels} consumer cancels",
+        )
+    )
+    counts.assert_intact()
+    assert counts.handler_runs == 2
+    assert all(counts.attempts[task_id] == [1] for task_id in ids)
+    assert "a consumer timeout of the worker's own, 1800 s" in log
+    assert cancels == 0

@@ -58,8 +58,14 @@ def cli(
     ids=["bad-setting", "budget", "definition", "attribute", "module", "credentials", "vhost"],
 )
 def test_configuration_errors_exit_2_with_one_line(
-    queues: Queues, target: str, overrides: dict[str, str], expected: str
+    queues: Queues,
+    target: str,
+    overrides: dict[str, str],
+    expected: str,
+    rabbitmq_version: tuple[int, ...],
 ) -> None:
+    if "WORKER_TASK_TIMEOUT_S" in overrides and rabbitmq_version >= (4, 3):
+        pytest.skip("4.3+ takes the worker's own consumer timeout: the budget rule is not needed")
     done = cli("run", target, env=queues.env(**overrides))
     assert done.returncode == 2, done.stderr
     lines = done.stderr.strip().splitlines()
