@@ -27,9 +27,11 @@ def transport_for(queues: Queues) -> RabbitMQTransport:
 #: Every channel of the worker's consuming connection (named ``worker worker``: the service's
 #: ``worker``) in the test's vhost acks a delivery tag it never had, as if its client had: the
 #: broker closes it with ``PRECONDITION_FAILED - unknown delivery tag``, as it closes a channel
-#: whose consumer timed out. RabbitMQ 3.10 has no outside command that closes one channel.
+#: whose consumer timed out. RabbitMQ 3.10 has no outside command that closes one channel; the
+#: cast is what the connection's reader sends its channel (``rabbit_channel:do/2`` on 3.10 and
+#: 4.0, gone from 4.3).
 CLOSE_CONSUME_CHANNEL = """
-[rabbit_channel:do(P, {'basic.ack', 999999, false})
+[gen_server2:cast(P, {method, {'basic.ack', 999999, false}, none, noflow})
  || P <- rabbit_channel:list(),
     [{vhost, V}, {connection, C}] <- [rabbit_channel:info(P, [vhost, connection])],
     V =:= <<"%(vhost)s">>,
