@@ -36,8 +36,8 @@ _logger = logging.getLogger("async_task_api_worker.transports.rabbitmq")
 #: A delivery held this close to the consumer timeout when the broker cancels the consumer is
 #: taken as timed out (the broker's timer and ours do not start at the same instant).
 TIMEOUT_TOLERANCE_S: Final = 1.0
-#: How long starting or cancelling the consumer may take, in seconds.
-_RPC_TIMEOUT_S: Final = 10.0
+#: How long a ``basic.cancel`` at the worker's stop may take, in seconds.
+_CANCEL_TIMEOUT_S: Final = 4.0
 
 
 class Consumer:
@@ -111,9 +111,7 @@ class Consumer:
         if self._broker_cancelled not in client.on_consumer_cancel_callbacks:
             client.on_consumer_cancel_callbacks.add(self._broker_cancelled)
         # aiormq makes a new tag up (``ctag<channel>.<uuid>``): a tag is never used twice.
-        ok = await client.basic_consume(
-            self._queue, self._on_message, arguments=self.arguments, timeout=_RPC_TIMEOUT_S
-        )
+        ok = await client.basic_consume(self._queue, self._on_message, arguments=self.arguments)
         self.tag = ok.consumer_tag
 
     async def _reopened(self, _sender: object) -> None:
@@ -162,13 +160,19 @@ class Consumer:
             _logger.info("Consuming again after the broker's cancel failed (%s)", exc)
 
     async def stop(self) -> None:
-        """``basic.cancel`` of the consumer, at most 4 s; errors are swallowed (stopping)."""
+        """``basic.cancel`` of the consumer, within 4 s.
+
+        Its errors are swallowed: the worker is stopping, and the broker requeues what it
+        hands out after, when the connection closes.
+        """
         self._wanted = False
         tag, self.tag = self.tag, None
         if tag is None or self._channel is None:
             return
         try:
-            client = await asyncio.wait_for(self._channel.get_underlay_channel(), timeout=4.0)
-            await client.basic_cancel(tag, timeout=4.0)
+            client = await asyncio.wait_for(
+                self._channel.get_underlay_channel(), timeout=_CANCEL_TIMEOUT_S
+            )
+            await client.basic_cancel(tag, timeout=_CANCEL_TIMEOUT_S)
         except (TimeoutError, *CHANNEL_GONE, aiormq.exceptions.AMQPError):
             return
