@@ -7,6 +7,7 @@ import logging
 
 import pytest
 
+from async_task_api_worker.client import TaskClient
 from async_task_api_worker.protocol.envelope import Envelope
 from async_task_api_worker.runtime import ExitCode, Runner
 from async_task_api_worker.settings import load_settings
@@ -40,6 +41,12 @@ CLOSE_CONSUME_CHANNEL = """
 """
 
 
+async def succeeds(client: TaskClient, text: str) -> None:
+    """Submit a task and wait for its terminal report, a success."""
+    task_id = await client.submit({"text": text})
+    assert (await collect(client, task_id))[-1].type == "success"
+
+
 async def close_consume_channel(queues: Queues) -> None:
     """Make the broker close the worker's consume channel, as a consumer timeout would."""
     closed = await asyncio.to_thread(
@@ -55,11 +62,9 @@ async def test_a_closed_channel_is_reopened_and_the_consumer_restored(
     runner = Runner(worker, load_settings({}, read_environment=False), transport)
     serving = asyncio.create_task(runner.serve())
     async with queues.client("count-words") as client:
-        first = await client.submit({"text": "before"})
-        assert (await collect(client, first))[-1].type == "success"
+        await succeeds(client, "before")
         await close_consume_channel(queues)
-        second = await client.submit({"text": "after the channel closed"})
-        assert (await collect(client, second))[-1].type == "success"
+        await succeeds(client, "after the channel closed")
     runner.request_shutdown("test")
     assert await serving is ExitCode.OK
     assert any("The consume channel closed" in r.getMessage() for r in caplog.records)
@@ -174,16 +179,14 @@ async def test_a_consumer_the_broker_cancels_is_started_again_with_a_new_tag(
         runner = Runner(worker, load_settings({}, read_environment=False), transport)
         serving = asyncio.create_task(runner.serve())
         async with queues.client("count-words") as client:
-            first = await client.submit({"text": "before"})
-            assert (await collect(client, first))[-1].type == "success"
+            await succeeds(client, "before")
             await asyncio.to_thread(
                 rabbitmqctl, "delete_queue", "-p", queues.vhost, queues.in_queue
             )
             await cancelled.reach(1)
             # Consuming again finds no queue (404): the reopened channel declares it again.
             await until(lambda: transport.consuming, what="the consumer started again")
-            second = await client.submit({"text": "after the consumer was cancelled"})
-            assert (await collect(client, second))[-1].type == "success"
+            await succeeds(client, "after the consumer was cancelled")
         runner.request_shutdown("test")
         assert await serving is ExitCode.OK
         assert cancelled.count == 1
