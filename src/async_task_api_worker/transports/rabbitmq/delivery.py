@@ -57,9 +57,10 @@ def delivery_count_of(
     The one counting rule of the RabbitMQ transport (see the module for what each version
     counts):
 
+    - a classic queue (``quorum`` false) keeps no count: ``None``, a first delivery's too (its
+      attempt is then read from ``redelivered`` alone, under a limit of its own);
     - a first delivery (``redelivered`` false) counts 0 whatever its headers say: RabbitMQ 3.10
       and 4.x pass a producer's own ``x-delivery-count`` through on a first delivery;
-    - a classic queue (``quorum`` false) keeps no count: ``None``;
     - a quorum queue's redelivery without ``x-delivery-count`` counts 0 (RabbitMQ 4.3 sets none
       after a give-back or a consumer timeout); an unreadable value is ``None`` (unknown);
     - from a broker that sets ``x-acquired-count`` (``acquired``: 4.3+), the count is at most
@@ -68,10 +69,10 @@ def delivery_count_of(
     ``x-delivery-count`` may arrive as any AMQP integer type (or a decimal, or digits); this
     function never raises.
     """
-    if not redelivered:
-        return 0
     if not quorum:
         return None
+    if not redelivered:
+        return 0
     count = _count(headers.get(DELIVERY_COUNT_HEADER, 0))
     handed_out = acquired_count_of(headers, redelivered) if acquired else None
     if count is not None and handed_out is not None:
