@@ -17,7 +17,6 @@ import asyncio
 import contextlib
 import json
 import signal
-import threading
 import urllib.parse
 import uuid
 from collections.abc import Iterator
@@ -26,11 +25,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pamqp import commands, frame, header
 
 from async_task_api_worker.client import TaskClient
 from scripts.rabbitmq_nodes import Node, NodeSpec, default_root, root_ready
 from tests.integration.conftest import Queues, rabbitmqctl
+from tests.integration.delivery_tap import DeliveryTap
 from tests.integration.tcp_proxy import TcpProxy
 from tests.polling import wait_for
 from tests.ports import free_port, node_name, node_port
@@ -91,42 +90,6 @@ EXPECTED: dict[str, dict[str, Cell]] = {
         "4.3": Cell(True, 1, 1, 2),
     },
 }
-
-
-class DeliveryTap:
-    """Reads the AMQP frames a broker sends through a :class:`TcpProxy`: every delivery's
-    ``redelivered`` and headers, per queue, in order."""
-
-    def __init__(self) -> None:
-        self._buffers: dict[int, bytes] = {}
-        self._pending: dict[tuple[int, int], commands.Basic.Deliver] = {}
-        self._lock = threading.Lock()
-        self.deliveries: list[tuple[str, bool, dict[str, Any]]] = []
-
-    def __call__(self, connection: int, data: bytes) -> None:
-        buffer = self._buffers.get(connection, b"") + data
-        while len(buffer) >= 7:
-            size = int.from_bytes(buffer[3:7], "big")
-            if len(buffer) < size + 8:
-                break
-            _, channel, read = frame.unmarshal(buffer[: size + 8])
-            buffer = buffer[size + 8 :]
-            if isinstance(read, commands.Basic.Deliver):
-                self._pending[(connection, channel)] = read
-            elif isinstance(read, header.ContentHeader):
-                deliver = self._pending.pop((connection, channel), None)
-                if deliver is not None:
-                    with self._lock:
-                        headers = dict(read.properties.headers or {})
-                        self.deliveries.append(
-                            (str(deliver.routing_key), deliver.redelivered, headers)
-                        )
-        self._buffers[connection] = buffer
-
-    def of(self, queue: str) -> list[tuple[bool, dict[str, Any]]]:
-        """The deliveries from ``queue`` so far: ``(redelivered, headers)``."""
-        with self._lock:
-            return [(again, headers) for name, again, headers in self.deliveries if name == queue]
 
 
 @dataclass
