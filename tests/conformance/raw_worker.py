@@ -186,13 +186,14 @@ def broker_attempt(
     """The attempt the broker says (docs/protocol.md, "Attempts and the delivery limit").
 
     A first delivery is attempt 1 whatever its headers say (a producer may forge
-    ``x-delivery-count``); a quorum queue's redelivery is ``x-delivery-count + 1``. A classic
-    queue (or a redelivery without a usable count) only tells first from not first: 1 or 2, and
-    the task gets at most two attempts.
+    ``x-delivery-count``); a quorum queue's redelivery is ``x-delivery-count + 1``, and one
+    without the header is attempt 1 (RabbitMQ 4.3 sets none after a give-back or a consumer
+    timeout: docs/brokers.md, "Attempt counting per version"). A classic queue (or an unusable
+    count) only tells first from not first: 1 or 2, and the task gets at most two attempts.
     """
     if not message.redelivered:
         return Attempt(1, delivery_limit if quorum else min(delivery_limit, CLASSIC_LIMIT))
-    count = message.headers.get("x-delivery-count")
+    count = message.headers.get("x-delivery-count", 0)
     if quorum and isinstance(count, int) and not isinstance(count, bool) and count >= 0:
         return Attempt(count + 1, delivery_limit)
     return Attempt(2, min(delivery_limit, CLASSIC_LIMIT))

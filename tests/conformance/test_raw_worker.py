@@ -17,7 +17,8 @@ from collections import defaultdict
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 
 import aio_pika
 import pytest
@@ -31,6 +32,7 @@ from async_task_api_worker.protocol import (
     decode_report,
     encode_report,
 )
+from tests.conformance.raw_worker import broker_attempt
 from tests.integration.conftest import REPO, Queues, broker, broker_status, queues, quorum_vhost
 
 # The broker fixtures of the integration tests, used here by name.
@@ -253,3 +255,22 @@ async def test_an_unknown_behaviour_is_invalid_input(worker: Broker) -> None:
     assert isinstance(failure, FailureReport)
     assert [item.report.type for item in seen] == ["failure"]
     assert failure.error.code == "INVALID_INPUT"
+
+
+@pytest.mark.parametrize(
+    ("redelivered", "headers", "quorum", "number"),
+    [
+        (False, {"x-delivery-count": 7}, True, 1),  # a producer's forged count
+        (True, {"x-delivery-count": 2}, True, 3),
+        (True, {"x-acquired-count": 1}, True, 1),  # 4.3 after a give-back or consumer timeout
+        (True, {}, False, 2),  # a classic queue only tells first from not first
+    ],
+)
+def test_the_broker_attempt_of_a_delivery(
+    redelivered: bool, headers: dict[str, Any], quorum: bool, number: int
+) -> None:
+    message = cast(
+        "AbstractIncomingMessage", SimpleNamespace(redelivered=redelivered, headers=headers)
+    )
+
+    assert broker_attempt(message, quorum=quorum, delivery_limit=5).number == number
