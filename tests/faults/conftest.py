@@ -6,8 +6,9 @@ and 4.3) get nodes of the suite's own, on free ports and with unique names (``te
 broker on 5672 only ever gets vhosts of the suite's own. RabbitMQ 4.0 runs from the Debian 13
 root, 4.3 from the Debian sid root (``python scripts/rabbitmq_nodes.py root [--version 4.3]``),
 built the first time it is needed; where it cannot be built those cases skip, except under
-``CI=true``, where they fail. The 4.3 rows (marked ``faults43``) run only when ``-m`` names
-that mark (``.ci/run``'s 4.3 pass): the README's run must stay under 10 minutes.
+``CI=true``, where they fail. The 4.0 and 4.3 rows (marked ``faults4``) run only when ``-m``
+names that mark (``.ci/run`` runs them beside its 4.0 and 4.3 passes): the README's run must
+stay under 10 minutes.
 
 The cases run one after another, on one xdist worker (the group ``faults``, ``tests/conftest.py``),
 so that no two of them measure under each other's load. Each case adds a row to the fault table,
@@ -181,16 +182,16 @@ def own_node(version: str, **spec: Any) -> Iterator[Broker]:
         node.remove()
 
 
-#: The versions whose rows run only when asked for (``-m faults43``), in ``.ci/run``'s RabbitMQ
+#: The versions whose rows run only when asked for (``-m faults4``), in ``.ci/run``'s RabbitMQ
 #: 4.3 pass: the README's run must stay under 10 minutes on two cores.
-ON_DEMAND = frozenset({"4.3"})
-ON_DEMAND_MARK = "faults43"
+ON_DEMAND = frozenset({"4.0", "4.3"})
+ON_DEMAND_MARK = "faults4"
 
 
 def on_versions(*versions: str, **spec: Any) -> list[Any]:
     """Indirect parameters of :func:`node`: one per version (``"machine"``: the machine's
     3.10), each with the ``NodeSpec`` fields ``spec`` (``conf``, ``advanced_config``); their
-    ids are the versions, and a version of :data:`ON_DEMAND` is marked ``faults43``."""
+    ids are the versions, and a version of :data:`ON_DEMAND` is marked ``faults4``."""
     return [
         pytest.param(
             {"version": version, **spec},
@@ -218,12 +219,6 @@ def node_310(request: pytest.FixtureRequest) -> Iterator[Broker]:
     """A RabbitMQ 3.10 node of the case's own; indirect parameters are ``NodeSpec`` fields
     (``conf``, ``advanced_config``)."""
     yield from own_node("3.10", **getattr(request, "param", {}))
-
-
-@pytest.fixture(params=["3.10", "4.0"])
-def node_any(request: pytest.FixtureRequest) -> Iterator[Broker]:
-    """A node of the case's own, once on RabbitMQ 3.10 and once on 4.0."""
-    yield from own_node(request.param)
 
 
 @pytest.fixture

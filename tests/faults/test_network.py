@@ -148,7 +148,7 @@ async def wait_resumed(
         pytest.param(("3.10", TARGET, False), id="3.10"),
         # Issue 29's acceptance: every node restarted in turn, tasks in processes of their own.
         pytest.param(
-            ("4.3", "tests.faults.workers:isolated", True), id="4.3", marks=pytest.mark.faults43
+            ("4.3", "tests.faults.workers:isolated", True), id="4.3", marks=pytest.mark.faults4
         ),
     ],
 )

@@ -117,8 +117,9 @@ async def test_reports_refused_by_a_full_output_queue_are_held_not_lost(
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.parametrize("node", on_versions("3.10", "4.0"), indirect=True)
 async def test_a_full_output_queue_at_concurrency_32_swaps_channels_and_hangs_no_report(
-    node_any: Broker, markers: Path, tmp_path: Path, record: Any
+    node: Broker, markers: Path, tmp_path: Path, record: Any
 ) -> None:
     """Refusals pile up past the fresh channel and the fresh connection with 32 tasks held.
 
@@ -126,7 +127,7 @@ async def test_a_full_output_queue_at_concurrency_32_swaps_channels_and_hangs_no
     the old channel (closed on purpose, never reopened), and every report behind it: the
     worker held its 32 deliveries until the consumer timeout.
     """
-    broker = node_any
+    broker = node
     case = Case(broker, "fullc32", markers, tmp_path, env={"WORKER_CONCURRENCY": "32"})
     ids, freed = await full_queue_outage(
         case, broker, 200, {"seconds": 0.05}, "publishing on a fresh connection"
