@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import os
 import signal
@@ -20,7 +21,7 @@ import sys
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -90,6 +91,10 @@ class Counts:
         }
 
 
+#: How long a reader or a publisher of the suite waits for a node, before it tries the next one.
+CONNECT_TIMEOUT_S = 5.0
+
+
 @dataclass
 class Ledger:
     """Every report seen on the output queue, by task id."""
@@ -98,6 +103,7 @@ class Ledger:
     seen_ids: set[str] = field(default_factory=set)
     arrivals: list[tuple[float, str, str]] = field(default_factory=list)
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
+    _reading: asyncio.Event = field(default_factory=asyncio.Event)
 
     def add(self, body: bytes, message_id: str | None) -> None:
         """Record one report (a redelivered copy with the same message id counts once)."""
@@ -119,21 +125,41 @@ class Ledger:
         return [r for r in self.reports.get(task_id, []) if r.get("type") in ("success", "failure")]
 
     @contextlib.asynccontextmanager
-    async def consuming(self, url: str, queue: str) -> AsyncIterator[None]:
-        """Record every report of ``queue`` (acking it) while the block runs."""
-        connection = await aio_pika.connect_robust(url)
-        async with connection:
-            channel = await connection.channel()
-            await channel.set_qos(prefetch_count=200)
-            out = await channel.declare_queue(queue, durable=True)
+    async def consuming(self, url: str | Sequence[str], queue: str) -> AsyncIterator[None]:
+        """Record every report of ``queue`` (acking it) while the block runs.
 
-            async def on_message(message: aio_pika.abc.AbstractIncomingMessage) -> None:
-                self.add(message.body, message.message_id)
-                await message.ack()
-                self._changed.set()
-
-            await out.consume(on_message)
+        ``url`` may be several (a cluster's nodes): the reader moves on to the next one when its
+        node goes, instead of waiting for that node to come back.
+        """
+        urls = [url] if isinstance(url, str) else list(url)
+        self._reading.clear()
+        reading = asyncio.create_task(self._read_from(urls, queue))
+        try:
+            await self._reading.wait()
             yield
+        finally:
+            reading.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reading
+
+    async def _read_from(self, urls: list[str], queue: str) -> None:
+        async def on_message(message: aio_pika.abc.AbstractIncomingMessage) -> None:
+            self.add(message.body, message.message_id)
+            await message.ack()
+            self._changed.set()
+
+        for url in itertools.cycle(urls):
+            with contextlib.suppress(Exception):
+                connection = await asyncio.wait_for(aio_pika.connect(url), CONNECT_TIMEOUT_S)
+                async with connection:
+                    channel = await connection.channel()
+                    await channel.set_qos(prefetch_count=200)
+                    out = await channel.declare_queue(queue, durable=True)
+                    await out.consume(on_message)
+                    self._reading.set()
+                    while not channel.is_closed:
+                        await asyncio.sleep(0.1)
+            await asyncio.sleep(0.2)
 
     async def read(
         self, url: str, queue: str, ids: Iterable[str], timeout_s: float, linger_s: float = 3.0

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ from async_task_api_worker.client import build_envelope
 from async_task_api_worker.settings import SILENT_HEARTBEATS_TO_DEAD
 from scripts.rabbitmq_nodes import Node, running_cluster
 from tests.faults.conftest import Broker, version_spec
-from tests.faults.ledger import Case, Ledger, Supervisor, worker_env
+from tests.faults.ledger import CONNECT_TIMEOUT_S, Case, Ledger, Supervisor, worker_env
 from tests.faults.test_pushback import ready_status
 from tests.integration.conftest import BROKER_HOST, BROKER_PORT
 from tests.integration.tcp_proxy import TcpProxy
@@ -86,24 +87,31 @@ async def test_a_silent_partition_is_seen_within_two_heartbeats_and_nothing_is_l
 
 @contextlib.asynccontextmanager
 async def steady_stream(
-    url: str, queue: str, every_s: float
+    urls: Sequence[str], queue: str, every_s: float
 ) -> AsyncIterator[list[tuple[float, str]]]:
-    """Publish a task every ``every_s`` seconds until the block ends; ``(time, id)`` of each."""
+    """Publish a task every ``every_s`` seconds until the block ends; ``(time, id)`` of each
+    confirmed. When a node goes, the next of ``urls`` is used (a publish is given up after
+    ``CONNECT_TIMEOUT_S``: its task counts only if it was confirmed)."""
     published: list[tuple[float, str]] = []
 
     async def publish() -> None:
-        connection = await aio_pika.connect_robust(url)
-        async with connection:
-            channel = await connection.channel(publisher_confirms=True)
-            while True:
-                task_id, body = build_envelope({"seconds": 0.0}, service="steady")
-                with contextlib.suppress(Exception):
-                    await channel.default_exchange.publish(
-                        aio_pika.Message(body, delivery_mode=aio_pika.DeliveryMode.PERSISTENT),
-                        routing_key=queue,
-                    )
-                    published.append((time.monotonic(), task_id))
-                await asyncio.sleep(every_s)
+        for url in itertools.cycle(urls):
+            with contextlib.suppress(Exception):
+                connection = await asyncio.wait_for(aio_pika.connect(url), CONNECT_TIMEOUT_S)
+                async with connection:
+                    channel = await connection.channel(publisher_confirms=True)
+                    while True:
+                        task_id, body = build_envelope({"seconds": 0.0}, service="steady")
+                        message = aio_pika.Message(
+                            body, delivery_mode=aio_pika.DeliveryMode.PERSISTENT
+                        )
+                        await asyncio.wait_for(
+                            channel.default_exchange.publish(message, routing_key=queue),
+                            CONNECT_TIMEOUT_S,
+                        )
+                        published.append((time.monotonic(), task_id))
+                        await asyncio.sleep(every_s)
+            await asyncio.sleep(every_s)
 
     task = asyncio.create_task(publish())
     try:
@@ -182,9 +190,10 @@ async def test_a_stopped_cluster_node_costs_seconds_with_two_urls(
             [n for n in nodes if n not in (leader_node, first)] * rolling
         )
         gaps: list[tuple[float, float]] = []  # (from the stop's start, from the node's end)
+        # The publisher and the reader move to the third node when the second one stops.
         async with (
-            ledger.consuming(second_url, "ha_out"),
-            steady_stream(second_url, "ha_in", 0.05) as published,
+            ledger.consuming([second_url, third_url], "ha_out"),
+            steady_stream([second_url, third_url], "ha_in", 0.05) as published,
         ):
             await wait_resumed(ledger, published, time.monotonic())
             for step, stopped_node in enumerate(order):
