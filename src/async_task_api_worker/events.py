@@ -55,7 +55,8 @@ class Action(StrEnum):
     - ``ack``: the task succeeded and its ``success`` report was confirmed, then acked;
     - ``conclude``: the task ended with a confirmed ``failure`` report, then acked;
     - ``nack-requeue``: put back in the queue, to be delivered again (``requeue_counted`` on the
-      settlement tells a failed attempt from a give-back);
+      settlement tells a failed attempt from a give-back; RabbitMQ gets ``basic.reject`` for the
+      first, which 4.3 counts, and ``basic.nack`` for the second, which it does not);
     - ``reject``: refused without requeue (dead-lettered where the queue has a dead-letter
       exchange): a poison body whose task id could not be recovered, so nobody can be told;
     - ``none``: nothing is sent to the broker: the transport withdrew the delivery (its channel

@@ -26,16 +26,21 @@ from aiormq.abc import DeliveredMessage
 
 from async_task_api_worker.errors import TransportError
 from async_task_api_worker.ports import CancelCause
+from async_task_api_worker.transports.rabbitmq.delivery import RabbitDelivery
 from async_task_api_worker.transports.rabbitmq.failures import CHANNEL_GONE
 from async_task_api_worker.transports.rabbitmq.watch import ChannelWatch
 
-__all__ = ["TIMEOUT_TOLERANCE_S", "Consumer"]
+__all__ = ["LATE_SETTLE_WINDOW_S", "TIMEOUT_TOLERANCE_S", "Consumer"]
 
 _logger = logging.getLogger("async_task_api_worker.transports.rabbitmq")
 
 #: A delivery held this close to the consumer timeout when the broker cancels the consumer is
 #: taken as timed out (the broker's timer and ours do not start at the same instant).
 TIMEOUT_TOLERANCE_S: Final = 1.0
+#: A cancel that comes this soon after a delivery held past the timeout was settled is that
+#: delivery's timeout: a handler that blocked the event loop ends, and is settled, before the
+#: loop reads the cancel the broker sent meanwhile.
+LATE_SETTLE_WINDOW_S: Final = 5.0
 #: How long a ``basic.cancel`` at the worker's stop may take, in seconds.
 _CANCEL_TIMEOUT_S: Final = 4.0
 
@@ -70,6 +75,7 @@ class Consumer:
         self._channel: AbstractRobustChannel | None = None
         self._wanted = False
         self._restarting: asyncio.Task[None] | None = None
+        self._held_past_at = -LATE_SETTLE_WINDOW_S  # when one held past the timeout settled
         self.tag: str | None = None
         self.arguments: dict[str, Any] | None = None
         self.timeout_s: float | None = None
@@ -125,15 +131,29 @@ class Consumer:
                 return
         self._watch.reopened_again(_sender)
 
+    def settled(self, delivery: RabbitDelivery) -> None:
+        """Forget ``delivery``, settled now (its first settle).
+
+        One held past the timeout is noted: see :data:`LATE_SETTLE_WINDOW_S`.
+        """
+        self._watch.in_flight.discard(delivery)
+        if self._held_past(delivery, now := time.monotonic()):
+            self._held_past_at = now
+
+    def _held_past(self, delivery: RabbitDelivery, now: float) -> bool:
+        timeout_s = self.timeout_s
+        return timeout_s is not None and now - delivery.received_at >= (
+            timeout_s - TIMEOUT_TOLERANCE_S
+        )
+
     def _broker_cancelled(self, frame: aiormq.spec.Basic.Cancel) -> None:
         if frame.consumer_tag != self.tag or self._watch.stopping:
             return  # an older consumer's, or our own stop's
         self.tag = None
-        timed_out = []
-        if self.timeout_s is not None:
-            oldest = time.monotonic() - self.timeout_s + TIMEOUT_TOLERANCE_S
-            timed_out = [d for d in self._watch.in_flight if d.received_at <= oldest]
-        cause = CancelCause.CONSUMER_TIMEOUT if timed_out else CancelCause.OTHER
+        now = time.monotonic()
+        timed_out = [d for d in self._watch.in_flight if self._held_past(d, now)]
+        late = now - self._held_past_at < LATE_SETTLE_WINDOW_S
+        cause = CancelCause.CONSUMER_TIMEOUT if timed_out or late else CancelCause.OTHER
         self._watch.withdraw(
             timed_out, "held past the consumer timeout; the broker requeued the delivery"
         )
@@ -143,7 +163,7 @@ class Consumer:
             "again with a new consumer tag",
             self._queue,
             f"a consumer timeout of {self.timeout_s:g} s"
-            if timed_out and self.timeout_s is not None
+            if cause is CancelCause.CONSUMER_TIMEOUT
             else "not a consumer timeout: the queue was deleted, or its leader moved",
             len(timed_out),
             len(self._watch.in_flight),

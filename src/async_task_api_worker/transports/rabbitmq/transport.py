@@ -214,9 +214,11 @@ class RabbitMQTransport:
             self._in_queue_name,
             self._out_queue_name,
             self._prefetch,
-            "the broker's consumer timeout"
-            if timeout_s is None
-            else f"a consumer timeout of the worker's own, {timeout_s:g} s",
+            f"a consumer timeout of the worker's own, {timeout_s:g} s"
+            if timeout_s is not None
+            else "no consumer timeout (a classic queue)"
+            if since_4_3
+            else "the broker's consumer timeout",
         )
 
     def _ask_consumer_timeout(self, since_4_3: bool) -> None:
@@ -309,7 +311,7 @@ class RabbitMQTransport:
                 tag=tag,
                 settles=settles,
                 reports=self._reports,
-                done=self._watch.in_flight.discard,
+                done=self._tasks_consumer.settled,
             )
         except Exception:
             # No delivery the engine could settle: hand it back rather than hold a prefetch

@@ -158,3 +158,28 @@ async def test_the_arguments_go_with_every_consume(arguments: dict[str, int] | N
     consumer.arguments = arguments
     await client.reopen()
     assert client.consumed == [None, arguments]
+
+
+async def test_a_cancel_right_after_a_late_settle_is_that_deliverys_timeout() -> None:
+    # A handler that blocked the event loop past the timeout ends, and its delivery is settled
+    # (given back at the hold's end), before the loop reads the broker's cancel.
+    consumer, client, watch, causes = await started(timeout_s=10.0)
+    late = held(10.0)
+    watch.in_flight.add(late)
+    consumer.settled(late)
+    assert watch.in_flight == set()
+    client.again.clear()
+    assert consumer.tag is not None
+    client.cancel_from_broker(consumer.tag)
+    await client.again.wait()
+    assert causes == [CancelCause.CONSUMER_TIMEOUT]
+
+
+async def test_a_settle_in_time_makes_no_later_cancel_a_timeout() -> None:
+    consumer, client, watch, causes = await started(timeout_s=10.0)
+    on_time = held(2.0)
+    watch.in_flight.add(on_time)
+    consumer.settled(on_time)
+    assert consumer.tag is not None
+    client.cancel_from_broker(consumer.tag)
+    assert causes == [CancelCause.OTHER]
