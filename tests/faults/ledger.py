@@ -3,7 +3,7 @@
 A case publishes N tasks, injects its fault, lets supervised workers settle them, then reads the
 output queue until every task has a terminal report (and a little longer, for late duplicates).
 Per task id it counts: **lost** (no terminal report), **duplicate successes** (``success`` from
-more than one attempt: the handler succeeded twice), **double conclusions** (two terminal reports
+more than one run: the handler succeeded twice), **double conclusions** (two terminal reports
 that disagree), and **handler runs** (marker files). **Hung** is what the input queue still holds
 once everything is reported.
 """
@@ -100,13 +100,19 @@ class Ledger:
     """Every report seen on the output queue, by task id."""
 
     reports: dict[str, list[dict[str, Any]]] = field(default_factory=lambda: defaultdict(list))
-    seen_ids: set[str] = field(default_factory=set)
+    seen: set[tuple[str, bytes]] = field(default_factory=set)
     arrivals: list[tuple[float, str, str]] = field(default_factory=list)
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
     _reading: asyncio.Event = field(default_factory=asyncio.Event)
 
     def add(self, body: bytes, message_id: str | None) -> None:
-        """Record one report (a redelivered copy with the same message id counts once)."""
+        """Record one report; the same report published again (its message id and its bytes:
+        a report is encoded once) counts once.
+
+        The message id alone is not the key: it is unique per delivery only (docs/protocol.md),
+        and RabbitMQ 4.3 hands one attempt out again after a give-back or a consumer timeout,
+        so a terminal report may carry the id of an earlier hand-out's ``started``.
+        """
         try:
             report = json.loads(body)
         except ValueError:
@@ -114,9 +120,9 @@ class Ledger:
         if not isinstance(report, dict) or "task_id" not in report:
             return
         if message_id is not None:
-            if message_id in self.seen_ids:
+            if (message_id, body) in self.seen:
                 return
-            self.seen_ids.add(message_id)
+            self.seen.add((message_id, body))
         self.reports[str(report["task_id"])].append(report)
         self.arrivals.append((time.monotonic(), str(report["task_id"]), str(report.get("type"))))
 
@@ -190,8 +196,9 @@ class Ledger:
             if not terminal:
                 lost.append(task_id)
                 continue
-            success_attempts = {r["attempt"] for r in terminal if r["type"] == "success"}
-            if len(success_attempts) > 1:
+            # Each success left is a publication of its own (copies of one are dropped in add):
+            # two are two handler runs that succeeded, of one attempt number too on 4.3.
+            if sum(r["type"] == "success" for r in terminal) > 1:
                 duplicates.append(task_id)
             kinds = {(r["type"], (r.get("error") or {}).get("code")) for r in terminal}
             if len(kinds) > 1:

@@ -1,7 +1,9 @@
 """Workers the integration tests run as real processes (``tests.integration.workers:NAME``).
 
 Each handler call writes a marker file into ``$ATW_TEST_MARKERS`` named
-``<task_id>.<attempt>.<pid>``, so that a test can count calls and see their attempts.
+``<task_id>.<attempt>.<pid>.<run>``, so that a test can count calls and see their attempts
+(``<run>`` is unique: RabbitMQ 4.3 hands one attempt out again after a give-back or a consumer
+timeout, in the same process too).
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+import uuid
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
@@ -29,9 +32,9 @@ class Output(BaseModel):
 
 
 def mark_started(ctx: TaskContext | SyncTaskContext) -> None:
-    """Leave ``<task id>.<attempt>.<pid>`` in ``ATW_TEST_MARKERS``: this attempt started."""
+    """Leave ``<task id>.<attempt>.<pid>.<run>`` in ``ATW_TEST_MARKERS``: this call started."""
     folder = Path(os.environ["ATW_TEST_MARKERS"])
-    (folder / f"{ctx.task_id}.{ctx.attempt}.{os.getpid()}").touch()
+    (folder / f"{ctx.task_id}.{ctx.attempt}.{os.getpid()}.{uuid.uuid4().hex[:8]}").touch()
 
 
 class StrictInput(BaseModel):
