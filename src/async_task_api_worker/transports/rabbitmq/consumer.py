@@ -147,36 +147,47 @@ class Consumer:
         )
 
     def _broker_cancelled(self, frame: aiormq.spec.Basic.Cancel) -> None:
-        if frame.consumer_tag != self.tag or self._watch.stopping:
-            return  # an older consumer's, or our own stop's
-        self.tag = None
+        if self._watch.stopping:
+            return  # our own stop's
+        tag = frame.consumer_tag
         now = time.monotonic()
-        timed_out = [d for d in self._watch.in_flight if self._held_past(d, now)]
-        late = now - self._held_past_at < LATE_SETTLE_WINDOW_S
+        # RabbitMQ 4.3 times out each delivery of a cancelled consumer on its own, and says so
+        # with another basic.cancel of the old tag: the consumer of today is not touched then.
+        timed_out = [
+            d for d in self._watch.in_flight if d.consumer_tag == tag and self._held_past(d, now)
+        ]
+        current = tag == self.tag
+        if not current and not timed_out:
+            return  # an older consumer's, with nothing of it left to withdraw
+        late = current and now - self._held_past_at < LATE_SETTLE_WINDOW_S
         cause = CancelCause.CONSUMER_TIMEOUT if timed_out or late else CancelCause.OTHER
         self._watch.withdraw(
             timed_out, "held past the consumer timeout; the broker requeued the delivery"
         )
         _logger.warning(
-            "The broker cancelled the consumer of %s (%s); %d deliveries held past it were "
-            "requeued by the broker and their handlers stopped, %d others run on; consuming "
-            "again with a new consumer tag",
+            "The broker cancelled %s consumer of %s (%s); %d deliveries held past it were "
+            "requeued by the broker and their handlers stopped, %d others run on%s",
+            "the" if current else "an earlier",
             self._queue,
             f"a consumer timeout of {self.timeout_s:g} s"
             if cause is CancelCause.CONSUMER_TIMEOUT
             else "not a consumer timeout: the queue was deleted, or its leader moved",
             len(timed_out),
             len(self._watch.in_flight),
+            "; consuming again with a new consumer tag" if current else "",
         )
         self._on_cancelled(cause)
-        self._restarting = asyncio.get_running_loop().create_task(self._again())
+        if current:
+            self.tag = None
+            self._restarting = asyncio.get_running_loop().create_task(self._again())
 
     async def _again(self) -> None:
         try:
             await self.start()
         except Exception as exc:
-            # The channel closes then (a queue that is gone: 404): its reopen declares the
-            # queue again and starts the consumer, or the watch gives up.
+            # The channel closes then (a queue that is gone: 404; 4.3 closes the connection
+            # for a quorum queue being deleted, 541): its reopen declares the queue again and
+            # starts the consumer, or the watch gives up.
             _logger.info("Consuming again after the broker's cancel failed (%s)", exc)
 
     async def stop(self) -> None:

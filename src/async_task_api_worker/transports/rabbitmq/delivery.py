@@ -131,6 +131,7 @@ class RabbitDelivery(Delivery):
         lost: the broker requeued it (its channel closed, or it was held past the consumer
             timeout): set by the transport.
         received_at: when it arrived (``time.monotonic()``), in seconds.
+        consumer_tag: the consumer it was handed to (set by the transport).
     """
 
     __slots__ = (
@@ -138,6 +139,7 @@ class RabbitDelivery(Delivery):
         "_reports",
         "_settled",
         "_settles",
+        "consumer_tag",
         "lost",
         "received_at",
         "tag",
@@ -168,6 +170,7 @@ class RabbitDelivery(Delivery):
         self.trail = ReportTrail()
         self.lost = False
         self.received_at = time.monotonic()
+        self.consumer_tag = ""
         self._settles = settles
         self._reports = reports
         self._done = done

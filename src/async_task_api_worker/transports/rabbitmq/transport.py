@@ -321,6 +321,7 @@ class RabbitMQTransport:
             with contextlib.suppress(Exception):
                 await settles.settle(tag, Settle.NACK_REQUEUE)
             return
+        delivery.consumer_tag = message.consumer_tag or ""
         # One that arrives after the consumer was cancelled still goes in: stop_consuming
         # returns it, to be given back through the engine.
         self._watch.in_flight.add(delivery)

@@ -100,8 +100,9 @@ class ChannelWatch:
         lost = list(self.in_flight)
         self.withdraw(lost, "the channel closed; the broker requeued the delivery")
         _logger.warning(
-            "The consume channel closed (%s); %d in-flight deliveries were requeued by the "
-            "broker and their handlers stopped; the channel reopens",
+            "The consume channel closed (%s); %d in-flight deliveries were given back by the "
+            "broker (requeued, or gone with a deleted queue) and their handlers stopped; the "
+            "channel reopens",
             type(exc).__name__ if exc else "closed",
             len(lost),
         )

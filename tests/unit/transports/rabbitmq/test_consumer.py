@@ -60,14 +60,15 @@ class FakeChannel:
 class Held:
     """A delivery in flight for ``seconds``, as the watch withdraws it."""
 
-    def __init__(self, seconds: float) -> None:
+    def __init__(self, seconds: float, consumer_tag: str = "ctag1.1") -> None:
+        self.consumer_tag = consumer_tag
         self.received_at = time.monotonic() - seconds
         self.lost = False
         self.cancel_token = CancelToken()
 
 
-def held(seconds: float) -> Any:
-    return Held(seconds)
+def held(seconds: float, consumer_tag: str = "ctag1.1") -> Any:
+    return Held(seconds, consumer_tag)
 
 
 async def started(
@@ -183,3 +184,24 @@ async def test_a_settle_in_time_makes_no_later_cancel_a_timeout() -> None:
     assert consumer.tag is not None
     client.cancel_from_broker(consumer.tag)
     assert causes == [CancelCause.OTHER]
+
+
+async def test_a_later_cancel_of_an_earlier_consumer_withdraws_its_timed_out_deliveries() -> None:
+    # RabbitMQ 4.3 times each delivery of a cancelled consumer out on its own, with another
+    # basic.cancel of the old tag: only that consumer's delivery held past the timeout goes.
+    consumer, client, watch, causes = await started(timeout_s=10.0)
+    first_tag = consumer.tag
+    assert first_tag is not None
+    client.again.clear()
+    client.cancel_from_broker(first_tag)
+    await client.again.wait()
+    await asyncio.sleep(0)
+    current = consumer.tag
+    older = held(10.0, first_tag)  # ran on after the first cancel, timed out since
+    newer = held(10.0, str(current))
+    watch.in_flight.update({older, newer})
+    client.cancel_from_broker(first_tag)
+    assert (older.lost, newer.lost) == (True, False)
+    assert consumer.tag == current  # today's consumer is not touched
+    assert causes == [CancelCause.OTHER, CancelCause.CONSUMER_TIMEOUT]
+    assert len(client.consumed) == 2
