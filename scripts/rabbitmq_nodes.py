@@ -388,12 +388,14 @@ def _resolve_localhost(root: Path) -> None:
     shutil.copyfile("/etc/hosts", hosts)
 
 
-def _debootstrap(root: Path, suite: str, timeout_s: float) -> None:
-    if root.exists():
-        if any(root.iterdir()):
-            raise NodeError(f"{root} exists but holds no rabbitmq-server: remove it first")
-        root.rmdir()
-    if shutil.which("debootstrap") is None:
+def _install_debootstrap() -> None:
+    # Two roots are built side by side (.ci/run): both would run apt-get at once, and the second
+    # fails on apt's lock. One install at a time, and none once the first has put it there.
+    TOOL_DIR.mkdir(parents=True, exist_ok=True)
+    with open(TOOL_DIR / ".apt.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if shutil.which("debootstrap") is not None:
+            return
         environment = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
         for argv in (
             ["apt-get", "update", "-q"],
@@ -402,6 +404,14 @@ def _debootstrap(root: Path, suite: str, timeout_s: float) -> None:
             done = _run(argv, timeout_s=600, env=environment)
             if done.returncode != 0:
                 raise NodeError(f"{shlex.join(argv)}: {done.stderr.strip()[-2000:]}")
+
+
+def _debootstrap(root: Path, suite: str, timeout_s: float) -> None:
+    if root.exists():
+        if any(root.iterdir()):
+            raise NodeError(f"{root} exists but holds no rabbitmq-server: remove it first")
+        root.rmdir()
+    _install_debootstrap()
     partial = root.with_name(root.name + ".partial")
     if partial.exists():
         _unmount_under(partial)  # a failed debootstrap can leave its /proc and /sys mounted
