@@ -48,7 +48,7 @@ from jsonschema import Draft202012Validator
 from pydantic import TypeAdapter
 
 from async_task_api_worker.conformance.golden import FOLDERS, FORMAT_VERSION, MANIFEST_NAME
-from async_task_api_worker.errors import CancelDecodeError, EnvelopeDecodeError
+from async_task_api_worker.errors import CancelDecodeError, EnvelopeDecodeError, ReportEncodeError
 from async_task_api_worker.protocol import (
     DEFAULT_MAX_BODY_BYTES,
     MAX_CANCEL_BYTES,
@@ -66,6 +66,7 @@ from async_task_api_worker.protocol.cancel import TASK_CANCELLED_MESSAGE
 from async_task_api_worker.protocol.encoding import strict_loads
 from async_task_api_worker.protocol.reports import MessageProperties
 from async_task_api_worker.protocol.schemas import load_schema
+from async_task_api_worker.task_call import unreportable
 
 ROOT = Path(__file__).resolve().parent.parent
 # The source tree, not vector_root(): an installed (non-editable) package is not written to.
@@ -132,6 +133,16 @@ def _success(response: dict[str, Any], **fields: Any) -> dict[str, Any]:
 
 def _failure(code: str, message: str, **fields: Any) -> dict[str, Any]:
     return _report("failure", error={"code": code, "message": message}, **fields)
+
+
+def _refused_success(response: dict[str, Any]) -> dict[str, Any]:
+    """The failure a worker publishes instead of a success whose response no report carries."""
+    try:
+        encode_report(_REPORT_ADAPTER.validate_python(_success(response)))
+    except ReportEncodeError as exc:
+        failure = unreportable(exc)
+        return _failure(failure.code, failure.message)
+    raise SystemExit(f"the encoder took a response it should refuse: {response!r}")
 
 
 def _nested(levels: int) -> Any:
@@ -332,12 +343,15 @@ REPORT_CASES: list[ReportCase] = [
         rule="only the mandatory escapes; '/', U+007F, C1, U+2028, U+FEFF as is",
     ),
     ReportCase(
-        "success-lone-surrogates",
-        "lone surrogates (in a value and in a key) are written as lower-case \\udxxx escapes",
-        _success({"high": "a\ud800b", "low": "\udfff", "\udabc": "key", "both": "\udc00\ud800"}),
+        "failure-lone-surrogates-in-a-result",
+        "a response holding lone surrogates (in a value and in a key) is not sent: the "
+        "INVALID_RESULT failure sent instead",
+        _refused_success(
+            {"high": "a\ud800b", "low": "\udfff", "\udabc": "key", "both": "\udc00\ud800"}
+        ),
         seq=1,
         section=Section.ENCODING,
-        rule="a lone surrogate written as a lower-case \\udxxx escape",
+        rule="a response holding a lone surrogate, raw or escaped, is refused: INVALID_RESULT",
     ),
     ReportCase(
         "success-big-integers",

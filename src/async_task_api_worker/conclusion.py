@@ -106,7 +106,9 @@ def conclusion_to_json(conclusion: Conclusion) -> dict[str, Any]:
 def dump_conclusion(conclusion: Conclusion) -> bytes:
     r"""``conclusion`` as its JSON object in strict UTF-8 text (a child's answer on a pipe).
 
-    A lone surrogate is written as its ``\u`` escape, the one form UTF-8 can carry.
+    A lone surrogate is written as its ``\u`` escape, the one form UTF-8 can carry: a failure's
+    message may hold one; a response holding one is refused where it is reported
+    (``protocol.encoding.check_tree``), whatever wrote it.
 
     Raises:
         ValueError: the response holds NaN or an infinity (not JSON).

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Final, Protocol
 from pydantic import BaseModel
 
 from async_task_api_worker.errors import ReportEncodeError, TaskCancelledError
-from async_task_api_worker.protocol.encoding import canonical_dumps
+from async_task_api_worker.protocol.encoding import canonical_dumps, check_tree
 from async_task_api_worker.protocol.envelope import InputRef
 
 if TYPE_CHECKING:  # the engine hands the token in; the context only reads it
@@ -190,7 +190,10 @@ class _ProgressGate:
             if not isinstance(payload, dict):
                 return ProgressDropReason.INVALID_PAYLOAD
             try:
-                snapshot = json.loads(canonical_dumps(payload))
+                # Valid Unicode, as a response must be: refused here, not escaped (a report
+                # could not carry it: protocol.encoding.check_tree).
+                check_tree(payload, valid_unicode=True)
+                snapshot = json.loads(canonical_dumps(payload, tree_checked=True))
             except ReportEncodeError:
                 return ProgressDropReason.INVALID_PAYLOAD
         self._highest = value
@@ -219,7 +222,7 @@ _REFUSED_CALLS: Final = {
     "terminal report is the 100 %, so return the result instead of ctx.progress(1.0)",
     ProgressDropReason.BACKWARDS: "the fraction is below one this task already reported",
     ProgressDropReason.INVALID_PAYLOAD: "the payload must be a JSON object (a dict or a "
-    "pydantic model) that canonical JSON can encode",
+    "pydantic model) that canonical JSON can encode, in valid Unicode (no lone surrogate)",
 }
 
 

@@ -45,6 +45,7 @@ def failed(aws: Aws, payload: dict[str, Any]) -> dict[str, Any]:
         ("fake_framework", "UnknownSubprocessError"),
         ("segv", "SubprocessCrashError"),
         ("garbage", "MalformedSubprocessOutput"),
+        ("surrogate", "MalformedSubprocessOutput"),  # "\ud800" in its output: not Unicode
         ("big", "SubprocessOutputTooLarge"),
     ],
 )

@@ -5,7 +5,8 @@ Rules (docs/protocol.md, "Canonical encoding"), so that one report always gives 
 - UTF-8, no byte-order mark, no white space between tokens (``,`` and ``:`` separators);
 - object keys sorted by Unicode code point, at every level;
 - non-ASCII characters written as themselves, never as ``\\u`` escapes, except a lone surrogate
-  (not encodable in UTF-8), written as a lower-case ``\\udxxx`` escape;
+  (not encodable in UTF-8), written as a lower-case ``\\udxxx`` escape (an error message may
+  hold one; a handler's response or payload may not: :func:`check_tree`);
 - JSON's mandatory escapes only: ``\\"``, ``\\\\``, ``\\b \\f \\n \\r \\t`` and ``\\u00xx`` for the
   other control characters;
 - integers in decimal, up to 4,300 digits; floats as the shortest text that reads back to the
@@ -18,7 +19,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from typing import Any
+from typing import Any, NoReturn
 
 from async_task_api_worker.errors import ReportEncodeError
 
@@ -28,6 +29,7 @@ __all__ = [
     "MAX_REPORT_BYTES",
     "canonical_dumps",
     "check_tree",
+    "lone_surrogate",
     "nesting_depth",
     "strict_loads",
 ]
@@ -41,6 +43,8 @@ MAX_REPORT_BYTES = 16 * 1024 * 1024
 MAX_NESTING_DEPTH = 64
 
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+#: Where :func:`lone_surrogate` is in a value: (the parent's place, a key or index), or the top.
+_Place = tuple[Any, str | int] | None
 
 _ENCODER = json.JSONEncoder(
     ensure_ascii=False,
@@ -86,35 +90,112 @@ def canonical_dumps(value: Any, *, tree_checked: bool = False) -> bytes:
         return _LONE_SURROGATE.sub(_escape_surrogate, text).encode("utf-8")
 
 
-def check_tree(value: Any, *, depth: int = 1) -> None:
-    """Refuse what ``json`` would silently accept: deep nesting, and keys that are not text.
+def check_tree(value: Any, *, depth: int = 1, valid_unicode: bool = False) -> None:
+    r"""Refuse what ``json`` would silently accept: deep nesting, keys that are not text.
 
     The standard encoder turns ``int``, ``float``, ``bool`` and ``None`` keys into strings,
     so ``{1: "a"}`` would read back as ``{"1": "a"}``; a report must read back as written.
     Iterative, like :func:`nesting_depth`.
 
+    With ``valid_unicode``, a lone surrogate (:func:`lone_surrogate`) is refused too, where the
+    encoder would write it as a ``\udxxx`` escape: a handler's response or progress payload
+    must be valid Unicode, an error message need not (docs/protocol.md, "Canonical encoding").
+    The report encoder checks those so, and so does a child that writes its conclusion itself
+    (``task_call.sendable``): every face refuses one alike, raw or read from an escape.
+
     Args:
         value: the value to check.
         depth: the level ``value`` sits at in the document it belongs to (1: the top).
+        valid_unicode: refuse a lone surrogate in any string or key.
 
     Raises:
-        ReportEncodeError: a key is not a string, or ``value`` reaches past
-            :data:`MAX_NESTING_DEPTH` levels.
+        ReportEncodeError: a key is not a string, ``value`` reaches past
+            :data:`MAX_NESTING_DEPTH` levels, or (``valid_unicode``) it holds a lone
+            surrogate: ``value is not valid Unicode: a lone surrogate U+D800 at notes.1``.
     """
     stack: list[tuple[Any, int]] = [(value, depth)]
     while stack:
         node, depth = stack.pop()
         if isinstance(node, dict):
-            if not all(isinstance(key, str) for key in node):
-                raise ReportEncodeError("value has an object key that is not a string")
+            for key in node:
+                if not isinstance(key, str):
+                    raise ReportEncodeError("value has an object key that is not a string")
+                if valid_unicode and _surrogate_in(key) is not None:
+                    _refuse_lone_surrogate(value)
             children: Any = node.values()
         elif isinstance(node, list | tuple):
             children = node
         else:
+            if valid_unicode and isinstance(node, str) and _surrogate_in(node) is not None:
+                _refuse_lone_surrogate(value)
             continue
         if depth > MAX_NESTING_DEPTH:
             raise ReportEncodeError(f"value nests deeper than {MAX_NESTING_DEPTH} levels")
         stack.extend((child, depth + 1) for child in children)
+
+
+def _refuse_lone_surrogate(value: Any) -> NoReturn:
+    raise ReportEncodeError(f"value is not valid Unicode: a lone surrogate {lone_surrogate(value)}")
+
+
+def lone_surrogate(value: Any) -> str | None:
+    r"""Where ``value`` holds a lone surrogate, or ``None``: the one test of that rule.
+
+    A lone surrogate is a code point from U+D800 to U+DFFF in a ``str``: UTF-8 has no form
+    for it. A JSON reader joins an escaped pair (``\ud83d\ude00``) into its one character, so
+    only an unpaired escape reads back as one; a Python string can also hold them raw (a file
+    name read with ``surrogateescape``), a high one before a low one included. Every string
+    and every object key is searched, at any depth (iteratively, like :func:`nesting_depth`).
+
+    Args:
+        value: a JSON-compatible value (``dict``, ``list``, ``tuple``, ``str``, scalars).
+
+    Returns:
+        ``"U+D800 at notes.1"``: the code point and the place of one of them, dotted as a
+        validation error names a field (a list index as its number, ``(root)`` for ``value``
+        itself); ``"U+DC00 in a key at tags.k\udc00"`` when an object key holds it (the key's
+        surrogates written as escapes, so that the text is valid Unicode); ``None`` if there
+        is none.
+    """
+    found = _surrogate_in(value) if isinstance(value, str) else None
+    if found is not None:
+        return f"U+{ord(found.group()):04X} at (root)"
+    # Strings are searched where they are met; only objects and arrays are stacked, with their
+    # place: (the parent's place, the key or index), a path built only once one is found.
+    stack: list[tuple[Any, _Place]] = [(value, None)]
+    while stack:
+        node, place = stack.pop()
+        if isinstance(node, dict):
+            children: Any = node.items()
+        elif isinstance(node, list | tuple):
+            children = enumerate(node)
+        else:
+            continue
+        for key, child in children:
+            found = _surrogate_in(key) if isinstance(key, str) else None
+            if found is not None:
+                escaped = _LONE_SURROGATE.sub(_escape_surrogate, key)
+                return f"U+{ord(found.group()):04X} in a key at {_dotted((place, escaped))}"
+            if isinstance(child, str):
+                found = _surrogate_in(child)
+                if found is not None:
+                    return f"U+{ord(found.group()):04X} at {_dotted((place, key))}"
+            elif isinstance(child, dict | list | tuple):
+                stack.append((child, (place, key)))
+    return None
+
+
+def _surrogate_in(text: str) -> re.Match[str] | None:
+    # ``isascii`` reads a flag of the string: most strings are not searched at all.
+    return None if text.isascii() else _LONE_SURROGATE.search(text)
+
+
+def _dotted(place: _Place) -> str:
+    parts: list[str] = []
+    while place is not None:
+        place, part = place
+        parts.append(str(part))
+    return ".".join(reversed(parts)) or "(root)"
 
 
 class NonFiniteNumberError(ValueError):

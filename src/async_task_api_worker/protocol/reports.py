@@ -257,15 +257,16 @@ def encode_report(
         The encoded report.
 
     Raises:
-        ReportEncodeError: a payload or response is not canonical JSON, or the encoded report
-            exceeds ``max_bytes`` (``too_large`` is then true).
+        ReportEncodeError: a payload or response is not canonical JSON or not valid Unicode
+            (a lone surrogate), or the encoded report exceeds ``max_bytes`` (``too_large`` is
+            then true).
     """
     document = _document(report)
     # Only the handler's response or payload can hold what JSON would change (a non-string
-    # key) or nest too deep; they sit at the document's second level.
+    # key, a lone surrogate) or nest too deep; they sit at the document's second level.
     for user_part in ("response", "payload"):
         if user_part in document:
-            check_tree(document[user_part], depth=2)
+            check_tree(document[user_part], depth=2, valid_unicode=True)
     body = canonical_dumps(document, tree_checked=True)
     if len(body) > max_bytes:
         raise ReportEncodeError(

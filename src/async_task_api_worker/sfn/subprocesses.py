@@ -12,6 +12,7 @@ it to seed 000's names, here alone:
 | the subprocess... | conclusion |
 | --- | --- |
 | exits 0 with a response | a response: that object |
+| ... that no report can carry (a lone surrogate: not valid Unicode) | ``INVALID_RESULT`` |
 | ... with more than 1 MiB of stdout | ``RESULT_TOO_LARGE`` |
 | exits 1 with a failure naming a registered class | that class's name and message |
 | ... naming anything else (the framework's own names too) | ``UnknownSubprocessError`` |
@@ -61,7 +62,7 @@ from async_task_api_worker.sfn.errors import (
 )
 from async_task_api_worker.sfn.handler import REQUEST_ENV, REQUEST_FILE_ENV
 from async_task_api_worker.sfn.levels import ExceptionLevels
-from async_task_api_worker.task_call import process_ended, process_killed, task_timeout
+from async_task_api_worker.task_call import process_ended, process_killed, sendable, task_timeout
 from async_task_api_worker.transports.sqs_sfn.codec import MAX_ERROR_CHARS, MAX_OUTPUT_BYTES
 
 __all__ = [
@@ -133,6 +134,9 @@ def interpret(
         return failure, True
     conclusion = _conclusion(stdout.data) if code in (0, 1) else None
     if code == 0 and isinstance(conclusion, Response):
+        conclusion = sendable(conclusion)  # as the report would refuse it: a lone surrogate
+        if isinstance(conclusion, Failure):
+            levels.log(MalformedSubprocessOutput, "%s wrote a result no report can carry", module)
         return conclusion, True
     if code == 1 and isinstance(conclusion, Failure):
         return _registered(conclusion, levels, module), True

@@ -30,7 +30,7 @@ from async_task_api_worker.errors import (
 from async_task_api_worker.observability.redaction import exception_type_name, safe_traceback
 from async_task_api_worker.protocol.cancel import TASK_CANCELLED_MESSAGE
 from async_task_api_worker.protocol.codes import ErrorCode
-from async_task_api_worker.protocol.encoding import canonical_dumps
+from async_task_api_worker.protocol.encoding import canonical_dumps, check_tree
 from async_task_api_worker.protocol.envelope import describe_validation_error, model_field_names
 
 __all__ = [
@@ -184,20 +184,28 @@ def conclude_error(
 
 
 def unreportable(exc: ReportEncodeError) -> Failure:
-    """The failure of a response that cannot go out as a report (too large, not JSON)."""
+    """The failure of a response that cannot go out as a report (too large, not JSON).
+
+    Its one wording, whatever face found it: ``the handler's result cannot be reported:`` and
+    what the encoder refused (``value is not valid Unicode: a lone surrogate U+D800 at
+    notes.1``, ``value is not canonical JSON: ValueError`` for NaN).
+    """
     code = ErrorCode.RESULT_TOO_LARGE if exc.too_large else ErrorCode.INVALID_RESULT
     return Failure(code, f"the handler's result cannot be reported: {exc}")
 
 
 def sendable(conclusion: Conclusion) -> Conclusion:
-    """``conclusion``, or the failure of a response no report could carry (not JSON).
+    """``conclusion``, or the failure of a response no report could carry (not JSON, say).
 
-    For a child that writes its conclusion out itself (a Step Functions child): the same
-    failure the worker's report would have met (:func:`unreportable`).
+    For a child that writes its conclusion out itself (a Step Functions or process-isolated
+    child), and for the output a Step Functions subprocess wrote: the same failure the
+    worker's report would have met (:func:`unreportable`), from the same checks (NaN, a lone
+    surrogate: ``protocol.encoding.check_tree`` with ``valid_unicode``).
     """
     if isinstance(conclusion, Response):
         try:
-            canonical_dumps(conclusion.value)
+            check_tree(conclusion.value, valid_unicode=True)
+            canonical_dumps(conclusion.value, tree_checked=True)
         except ReportEncodeError as exc:
             return unreportable(exc)
     return conclusion

@@ -178,12 +178,18 @@ async def test_a_progress_publish_failure_is_counted_and_the_task_goes_on() -> N
     assert dropped(harness) == Counter({"publish_failed": 1})
 
 
-async def test_a_payload_that_cannot_be_encoded_is_dropped() -> None:
+@pytest.mark.parametrize(
+    "payload",
+    [{"value": float("nan")}, {"file": "report-\udcff.csv"}, {"k\ud800": 1}],
+    ids=["nan", "lone-surrogate", "lone-surrogate-in-a-key"],
+)
+async def test_a_payload_that_cannot_be_encoded_is_dropped(payload: dict[str, Any]) -> None:
+    # A lone surrogate too: valid Unicode, as a response must be (docs/protocol.md).
     worker = Worker("svc")
 
     @worker.task(timeout=5)
     async def handle(task_input: Input, ctx: TaskContext) -> Output:
-        await ctx.progress(0.5, {"value": float("nan")})
+        await ctx.progress(0.5, payload)
         return Output()
 
     async with WorkerHarness(worker) as harness:

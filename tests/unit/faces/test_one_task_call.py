@@ -21,18 +21,24 @@ from async_task_api_worker import Worker
 from async_task_api_worker.conclusion import Conclusion, Failure, conclusion_from_json
 from async_task_api_worker.detached import Marker
 from async_task_api_worker.detached.state import INPUT_SUFFIX, MARKER_SUFFIX, RESULT_SUFFIX
+from async_task_api_worker.detached.tick import TickReport, sweep_and_report
+from async_task_api_worker.engine import Engine
+from async_task_api_worker.executors import InlineExecutor
+from async_task_api_worker.protocol import FailureReport
 from async_task_api_worker.protocol.codes import RESERVED_ERROR_CODES
+from async_task_api_worker.settings import load_settings
 from async_task_api_worker.testing import WorkerHarness
+from async_task_api_worker.transports.memory import InMemoryTransport
 from tests.unit.faces.workers import RELEASE, inline, isolated, threaded
 
 TARGET = "tests.unit.faces.workers:inline"
 REPO = Path(__file__).resolve().parents[3]
 
-# (code, message) of a failure, or ("", response JSON) of a success.
+# (code, message) of a failure, or ("", response JSON, keys sorted) of a success.
 Seen = tuple[str, str]
 
 EXPECTED: dict[str, Seen] = {
-    "succeed": ("", '{"value": 42.0}'),
+    "succeed": ("", '{"notes": [], "value": 42.0}'),
     "fatal": ("NOT_ALLOWED", "Not allowed for this account."),
     "retryable": ("UPSTREAM_BUSY", "The upstream is busy."),
     "internal": ("INTERNAL_ERROR", "the task failed with an internal error"),
@@ -54,7 +60,7 @@ def release_hanging_threads() -> Iterator[None]:
 def seen(conclusion: Conclusion) -> Seen:
     if isinstance(conclusion, Failure):
         return conclusion.code, conclusion.message
-    return "", json.dumps(conclusion.value)
+    return "", json.dumps(conclusion.value, sort_keys=True)
 
 
 def read_back(document: object) -> Seen:
@@ -68,7 +74,7 @@ async def in_the_harness(mode: str, worker: Worker, *, timeout_s: float = 30) ->
         run = await harness.submit({"mode": mode})
     if run.error is not None:
         return run.error.code, run.error.message
-    return "", json.dumps(run.response)
+    return "", json.dumps(run.response, sort_keys=True)
 
 
 def in_a_detached_worker(mode: str, state: Path, timeout_s: float = 30) -> Seen:
@@ -91,6 +97,20 @@ def in_a_detached_worker(mode: str, state: Path, timeout_s: float = 30) -> Seen:
         check=False,  # at its deadline it kills its own process group, itself included
     )
     return read_back(json.loads((state / f"{task_id}{RESULT_SUFFIX}").read_text()))
+
+
+async def reported_by_a_tick(state: Path) -> Seen:
+    """What the ``tick`` command's sweep reports for the result files in ``state``."""
+    transport = InMemoryTransport()
+    settings = load_settings({}, read_environment=False)
+    engine = Engine(inline, settings, transport, InlineExecutor())
+    via = transport.report_only()
+    await sweep_and_report(engine, "faces", state, 30.0, TickReport(), via=via)
+    (published,) = transport.published
+    report = published.report.report
+    if isinstance(report, FailureReport):
+        return report.error.code, report.error.message
+    return "", json.dumps(report.model_dump()["response"], sort_keys=True)
 
 
 STEP_FUNCTIONS_CHILD = (
@@ -142,18 +162,26 @@ async def test_a_timeout_is_reported_alike_where_the_face_keeps_the_deadline(
     assert seen == dict.fromkeys(seen, expected)
 
 
-async def test_a_result_that_is_not_json_is_reported_alike_by_the_worker_and_the_sfn_child() -> (
-    None
-):
-    # A detached worker's result file takes it; its tick's report then fails as the worker's.
-    expected = (
-        "INVALID_RESULT",
-        "the handler's result cannot be reported: value is not canonical JSON: ValueError",
-    )
+UNREPORTABLE = {
+    "nan": "value is not canonical JSON: ValueError",
+    "surrogate": "value is not valid Unicode: a lone surrogate U+D800 at notes.1",
+}
+
+
+@pytest.mark.parametrize("mode", sorted(UNREPORTABLE))
+async def test_a_result_no_report_can_carry_is_refused_alike_by_every_face(
+    mode: str, tmp_path: Path
+) -> None:
+    # A detached worker's result file takes it (escaped, for a lone surrogate); the tick that
+    # reports that file refuses it as the worker's report does.
+    state = tmp_path / "state"
+    in_a_detached_worker(mode, state)
     seen = {
-        "in-process, async def": await in_the_harness("nan", inline),
-        "in-process, def": await in_the_harness("nan", threaded),
-        "process-isolated child": await in_the_harness("nan", isolated),
-        "Step Functions child": in_a_step_functions_child("nan"),
+        "in-process, async def": await in_the_harness(mode, inline),
+        "in-process, def": await in_the_harness(mode, threaded),
+        "process-isolated child": await in_the_harness(mode, isolated),
+        "detached worker, then its tick": await reported_by_a_tick(state),
+        "Step Functions child": in_a_step_functions_child(mode),
     }
+    expected = ("INVALID_RESULT", f"the handler's result cannot be reported: {UNREPORTABLE[mode]}")
     assert seen == dict.fromkeys(seen, expected)

@@ -16,7 +16,15 @@ class Job(BaseModel):
     """What the handler does."""
 
     mode: Literal[
-        "succeed", "fatal", "retryable", "internal", "invalid_result", "exit", "hang", "nan"
+        "succeed",
+        "fatal",
+        "retryable",
+        "internal",
+        "invalid_result",
+        "exit",
+        "hang",
+        "nan",
+        "surrogate",
     ]
 
 
@@ -24,6 +32,7 @@ class Answer(BaseModel):
     """A valid result."""
 
     value: float
+    notes: list[str] = []
 
 
 #: Set by a test once it is done: a ``def`` handler left hanging then returns.
@@ -44,6 +53,8 @@ def behave(job: Job) -> Answer:
         raise SystemExit(3)
     if job.mode == "nan":
         return Answer(value=float("nan"))  # valid for the model, not JSON for a report
+    if job.mode == "surrogate":
+        return Answer(value=1, notes=["fine", "half of a pair: \ud800"])  # not valid Unicode
     return Answer(value=42)
 
 

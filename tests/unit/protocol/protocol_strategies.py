@@ -21,6 +21,7 @@ __all__ = [
     "service_names",
     "texts",
     "timestamps",
+    "valid_texts",
 ]
 
 #: Characters that exercise the escaping rules, mixed into every generated text.
@@ -35,10 +36,12 @@ _characters = st.one_of(
 # (st.text() would merge the alphabets and drop the surrogates again: build from lists.)
 #: Text including lone surrogates (and sometimes a high surrogate followed by a low one).
 texts = st.lists(_characters, max_size=24).map("".join)
+# codec="utf-8": st.characters() alone still yields a surrogate now and then.
+_valid_characters = st.one_of(st.characters(codec="utf-8"), st.sampled_from(_TRICKY))
 #: Text without surrogates, for the key-order property.
-plain_texts = st.lists(st.one_of(st.characters(), st.sampled_from(_TRICKY)), max_size=12).map(
-    "".join
-)
+plain_texts = st.lists(_valid_characters, max_size=12).map("".join)
+#: Valid Unicode text (no surrogate): what a response or a progress payload may hold.
+valid_texts = st.lists(_valid_characters, max_size=24).map("".join)
 
 _integers = st.one_of(
     st.integers(),
@@ -46,13 +49,14 @@ _integers = st.one_of(
     st.sampled_from([2**200, -(2**200), 10**4299, -(10**4299), 2**63, -(2**63) - 1, 2**64]),
 )
 _floats = st.floats(allow_nan=False, allow_infinity=False)
-_scalars = st.one_of(st.none(), st.booleans(), _integers, _floats, texts)
 
 
-def json_values(keys: st.SearchStrategy[str] = texts) -> st.SearchStrategy[Any]:
-    """Arbitrary JSON-compatible values: dicts with text keys, lists, and the scalars."""
+def json_values(
+    keys: st.SearchStrategy[str] = texts, strings: st.SearchStrategy[str] = texts
+) -> st.SearchStrategy[Any]:
+    """Arbitrary JSON-compatible values: dicts with ``keys``, lists, and the scalars."""
     return st.recursive(
-        _scalars,
+        st.one_of(st.none(), st.booleans(), _integers, _floats, strings),
         lambda children: (
             st.lists(children, max_size=4) | st.dictionaries(keys, children, max_size=4)
         ),
@@ -60,9 +64,11 @@ def json_values(keys: st.SearchStrategy[str] = texts) -> st.SearchStrategy[Any]:
     ).filter(lambda value: nesting_depth(value) <= MAX_NESTING_DEPTH)
 
 
-def json_objects(keys: st.SearchStrategy[str] = texts) -> st.SearchStrategy[dict[str, Any]]:
+def json_objects(
+    keys: st.SearchStrategy[str] = texts, strings: st.SearchStrategy[str] = texts
+) -> st.SearchStrategy[dict[str, Any]]:
     """Arbitrary JSON objects, nested so that a report around them stays within the limit."""
-    return st.dictionaries(keys, json_values(keys), max_size=5).filter(
+    return st.dictionaries(keys, json_values(keys, strings), max_size=5).filter(
         lambda value: nesting_depth(value) < MAX_NESTING_DEPTH
     )
 

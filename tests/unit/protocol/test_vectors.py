@@ -147,11 +147,15 @@ def test_a_few_report_vectors_match_bytes_written_by_hand() -> None:
     )
     progress = (VECTORS / "reports" / "003-progress-no-payload.bin").read_bytes()
     assert b'"fraction":0.25,"payload":null,' in progress
-    surrogates = (VECTORS / "reports" / "014-success-lone-surrogates.bin").read_bytes()
+    # A response holding a lone surrogate is refused, not escaped: the failure sent instead.
+    surrogates = (VECTORS / "reports" / "014-failure-lone-surrogates-in-a-result.bin").read_bytes()
     assert (
-        b'"response":{"both":"\\udc00\\ud800","high":"a\\ud800b","low":"\\udfff",'
-        b'"\\udabc":"key"}' in surrogates
+        b'"error":{"code":"INVALID_RESULT","message":"the handler\'s result cannot be reported: '
+        b'value is not valid Unicode: a lone surrogate U+D800 at high"}' in surrogates
     )
+    assert b"\\u" not in surrogates
+    message = (VECTORS / "reports" / "032-failure-message-lone-surrogate.bin").read_bytes()
+    assert b'"message":"cannot read report-\\udcff.csv"' in message  # a message may hold one
     key_order = (VECTORS / "reports" / "017-success-key-order.bin").read_bytes()
     assert key_order.index("ｚ".encode()) < key_order.index("😀".encode())
     floats = (VECTORS / "reports" / "016-success-floats.bin").read_bytes()

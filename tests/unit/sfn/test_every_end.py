@@ -82,7 +82,7 @@ ENDS = [
     ("domain", False, "failure", "AssetRejected"),
     ("segv", False, "failure", "SubprocessCrashError"),
     ("garbage", False, "failure", "MalformedSubprocessOutput"),
-    ("surrogate", False, "success", None),
+    ("surrogate", False, "failure", "MalformedSubprocessOutput"),
     ("nan", False, "failure", "MalformedSubprocessOutput"),
     ("big", False, "failure", "SubprocessOutputTooLarge"),
     ("echo", True, "failure", "MalformedSubprocessOutput"),  # InvalidOutput from the API
@@ -113,12 +113,20 @@ async def test_every_end_of_a_subprocess_ends_its_token_once(
     assert PAYLOAD not in decisions.text
 
 
-async def test_a_lone_surrogate_goes_out_as_its_escape() -> None:
+async def test_a_lone_surrogate_in_the_output_fails_the_task_and_says_where(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Its stdout holds the escape "\ud800": valid JSON, not valid Unicode (docs/protocol.md).
     aws = StepFunctions()
     await worker_on(aws).handle_message(message(case="surrogate"))
-    ((_, arguments),) = aws.terminal()
-    assert "\\ud800" in arguments["output"]
-    assert json.loads(arguments["output"]) == {"text": "half of a pair: \ud800"}
+    ((kind, arguments),) = aws.terminal()
+    assert (kind, arguments["error"]) == ("failure", "MalformedSubprocessOutput")
+    assert arguments["cause"] == (
+        "the handler's result cannot be reported: "
+        "value is not valid Unicode: a lone surrogate U+D800 at text"
+    )
+    (logged,) = [r for r in caplog.records if getattr(r, "error", None) == arguments["error"]]
+    assert logged.levelno == logging.ERROR  # its level: none registered for it here
 
 
 async def test_a_subprocess_past_its_budget_is_killed_whole_and_failed() -> None:

@@ -170,7 +170,8 @@ def read_body(
 def output_of(report: EncodedReport) -> str:
     r"""The ``output`` of ``SendTaskSuccess`` for a ``success`` report: its response.
 
-    The response's canonical JSON (strict: no NaN; a lone surrogate is a ``\udxxx`` escape).
+    The response's canonical JSON (strict: no NaN, and valid Unicode: the report's encoder
+    refused a response holding a lone surrogate, ``protocol.encoding.check_tree``).
 
     Raises:
         MessageTooLargeError: its UTF-8 bytes exceed :data:`MAX_OUTPUT_BYTES`.
