@@ -15,7 +15,6 @@ rules (``protocol/codes.py``) is a :class:`ValueError`.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -25,6 +24,7 @@ from async_task_api_worker.protocol.codes import (
     MAX_ERROR_MESSAGE_CHARS,
     RESERVED_ERROR_CODES,
 )
+from async_task_api_worker.protocol.encoding import utf8_json
 
 __all__ = [
     "Conclusion",
@@ -115,11 +115,7 @@ def dump_conclusion(conclusion: Conclusion) -> bytes:
         TypeError: the response holds a value JSON has no form for.
     """
     document = conclusion_to_json(conclusion)
-    text = json.dumps(document, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
-    try:
-        return text.encode("utf-8")
-    except UnicodeEncodeError:
-        return json.dumps(document, allow_nan=False, separators=(",", ":")).encode("ascii")
+    return utf8_json(document, allow_nan=False, separators=(",", ":")).encode("utf-8")
 
 
 def conclusion_from_json(

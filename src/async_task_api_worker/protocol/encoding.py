@@ -32,6 +32,7 @@ __all__ = [
     "lone_surrogate",
     "nesting_depth",
     "strict_loads",
+    "utf8_json",
 ]
 
 #: The largest encoded report, in bytes: RabbitMQ 4.0's default ``max_message_size`` (16 MiB),
@@ -200,6 +201,23 @@ def _dotted(place: _Place) -> str:
 
 class NonFiniteNumberError(ValueError):
     """A JSON number that is NaN, an infinity, or overflows a double (``1e400``)."""
+
+
+def utf8_json(document: Any, **dumps: Any) -> str:
+    r"""``document`` as JSON text that encodes to UTF-8 (``json.dumps`` with ``dumps``).
+
+    Characters are kept as they are; only where a lone surrogate leaves no UTF-8 form is the
+    whole text written with ``\u`` escapes (``ensure_ascii``).
+
+    Raises:
+        ValueError, TypeError: as ``json.dumps`` does.
+    """
+    text = json.dumps(document, ensure_ascii=False, **dumps)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return json.dumps(document, **dumps)
+    return text
 
 
 def _reject_constant(name: str) -> Any:

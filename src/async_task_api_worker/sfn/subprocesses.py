@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import sys
@@ -50,7 +49,7 @@ from async_task_api_worker.executors.process.output import OutputTail
 from async_task_api_worker.observability import tracing
 from async_task_api_worker.ports import ExecutionRequest
 from async_task_api_worker.protocol.codes import RESERVED_ERROR_CODES, ErrorCode
-from async_task_api_worker.protocol.encoding import strict_loads
+from async_task_api_worker.protocol.encoding import strict_loads, utf8_json
 from async_task_api_worker.sfn.errors import (
     MalformedMessage,
     MalformedSubprocessOutput,
@@ -98,12 +97,7 @@ SEED_ERROR_NAMES: Final = {
 
 def request_text(raw_input: dict[str, Any]) -> str:
     """The body the subprocess reads: the request as JSON text, UTF-8 where it can be."""
-    text = json.dumps(raw_input, ensure_ascii=False)
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:  # a lone surrogate: only its \\u escape is UTF-8
-        text = json.dumps(raw_input)
-    return text
+    return utf8_json(raw_input)
 
 
 def interpret(
