@@ -1,9 +1,11 @@
-"""RabbitMQ's rules over the settings: the shape of the broker URLs, and the time budget.
+"""The broker's rules over the settings: the broker URLs, the time budget, and the lease.
 
 ``async_task_api_worker.settings`` validates ``BROKER_URL`` with :func:`split_broker_urls`;
 the RabbitMQ transport asks for :func:`consumer_timeout_s` where the broker takes it, and
 raises the budget rule's error (:func:`check_time_budget`) where it does not; ``check`` prints
-both; the engine holds a report until :func:`consumer_timeout_s` nears.
+both; the engine holds a report until :func:`consumer_timeout_s` nears. A process-isolated
+task's lease (``ports.Lease``) expires after :func:`lease_expiry_s`, the heartbeats after which
+the broker takes a silent worker for dead.
 """
 
 from __future__ import annotations
@@ -21,13 +23,21 @@ __all__ = [
     "CANCEL_GRACE_S",
     "RABBITMQ_4_3",
     "PLACED_CONFIRM_WAIT_S",
+    "SILENT_HEARTBEATS_TO_DEAD",
     "check_time_budget",
     "consumer_timeout_s",
     "delivery_budget_s",
     "describe_time_budget",
+    "heartbeat_in_force_s",
+    "lease_expiry_s",
     "split_broker_urls",
     "since_rabbitmq_4_3",
 ]
+
+#: A broker connection silent for this many heartbeats is taken for dead (and one silent for a
+#: whole heartbeat is not ready); RabbitMQ sends a frame at least every half heartbeat. A
+#: process-isolated task's lease expires after as many (:func:`lease_expiry_s`).
+SILENT_HEARTBEATS_TO_DEAD: Final = 2
 
 #: The schemes ``BROKER_URL`` accepts, and their default ports.
 _AMQP_PORTS: Final = {"amqp": 5672, "amqps": 5671}
@@ -68,6 +78,43 @@ def split_broker_urls(value: str) -> tuple[str, ...]:
         if port == 0:
             raise ValueError(f"{which} has a port out of 1..65535")
     return urls
+
+
+def heartbeat_in_force_s(url: str, heartbeat_s: int) -> int:
+    """The AMQP heartbeat of a connection to ``url``, in whole seconds (0: none).
+
+    The URL's own ``?heartbeat=`` wins over ``heartbeat_s`` (``BROKER_HEARTBEAT_S``), read as
+    aiormq reads it: an integer from 0 to 65534, anything else 0.
+    """
+    from urllib.parse import parse_qs, urlsplit
+
+    values = parse_qs(urlsplit(url).query, keep_blank_values=True).get("heartbeat")
+    if not values:
+        return heartbeat_s
+    try:
+        value = int(values[0])
+    except ValueError:
+        return 0
+    return value if 0 <= value < 65535 else 0
+
+
+def lease_expiry_s(settings: WorkerSettings) -> float | None:
+    """Seconds a process-isolated task runs on without its lease renewed: the fencing bound.
+
+    Rule: :data:`SILENT_HEARTBEATS_TO_DEAD` heartbeats, the time after which a silent worker
+    is taken for dead. On RabbitMQ the heartbeat in force (:func:`heartbeat_in_force_s`; the
+    longest of several URLs'); on SQS + Step Functions ``SFN_HEARTBEAT_INTERVAL_S``, the
+    worker's heartbeat of a task token. ``None`` (no lease) when every URL turns heartbeats
+    off (``?heartbeat=0``): the broker then never takes a silent worker for dead.
+    """
+    from async_task_api_worker.settings import WorkerTransport
+
+    if settings.worker_transport is WorkerTransport.SQS_SFN:
+        return SILENT_HEARTBEATS_TO_DEAD * settings.sfn_heartbeat_interval_s
+    heartbeat_s = max(
+        heartbeat_in_force_s(url, settings.broker_heartbeat_s) for url in settings.broker_urls()
+    )
+    return float(SILENT_HEARTBEATS_TO_DEAD * heartbeat_s) if heartbeat_s else None
 
 
 #: Seconds an ``async def`` handler that ignores its cancel gets past its timeout before the

@@ -31,6 +31,7 @@ __all__ = [
     "ExecutionResult",
     "Failure",
     "HandedOff",
+    "LeaseLapsed",
     "Response",
     "conclusion_from_json",
     "conclusion_to_json",
@@ -84,8 +85,20 @@ class HandedOff:
     already: bool = False
 
 
-#: What an executor's ``execute`` returns: a conclusion, or a durable hand-off.
-ExecutionResult = Conclusion | HandedOff
+@dataclass(frozen=True, slots=True)
+class LeaseLapsed:
+    """The task's process held a lease its worker did not renew in time (``ports.Lease``).
+
+    It stopped itself (or the worker stopped it), and the broker may have handed the task to
+    another worker meanwhile: whatever the process concluded is not reported, and the
+    delivery goes back (the engine's give-back, or nothing where the transport has withdrawn
+    it already).
+    """
+
+
+#: What an executor's ``execute`` returns: a conclusion, a durable hand-off, or a run whose
+#: lease lapsed.
+ExecutionResult = Conclusion | HandedOff | LeaseLapsed
 
 
 def conclusion_to_json(conclusion: Conclusion) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Final, Protocol, runtime_checkable
 
 from pydantic import BaseModel
 
@@ -55,6 +55,7 @@ __all__ = [
     "EngineEvent",
     "ExecutionRequest",
     "Executor",
+    "Lease",
     "Observer",
     "Outcome",
     "ProgressDropped",
@@ -205,8 +206,18 @@ class Transport(Protocol):
     """
 
     @property
+    def holding(self) -> bool:
+        """Whether the deliveries in hand are still this worker's, for all it knows right now.
+
+        The connection they came on is up and known to be alive (RabbitMQ: a frame within the
+        last heartbeat; SQS: the last receive went through), a drain included. The worker
+        renews its process-isolated tasks' leases only while it holds (:class:`Lease`).
+        """
+        ...
+
+    @property
     def consuming(self) -> bool:
-        """Whether the broker connection is up and the consumer active right now (readiness)."""
+        """Whether the transport holds (:attr:`holding`) and its consumer is active (readiness)."""
         ...
 
     @property
@@ -258,6 +269,36 @@ class Transport(Protocol):
     async def close(self) -> None:
         """Close the connection; idempotent."""
         ...
+
+
+#: Renewals a lease gets within its expiry: a task process stops itself only after missing
+#: this many in a row.
+RENEWALS_PER_LEASE: Final = 4
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """The lease a worker's task processes hold: the fence between a task and its next run.
+
+    The worker renews it every :attr:`renew_every_s` while it is alive and :attr:`held` says
+    so; a task process whose lease was not renewed for :attr:`expiry_s` kills its whole
+    process group, whether its worker died, froze, or lost the broker. The worker then reports
+    nothing it concluded (``conclusion.LeaseLapsed``): the broker may have handed the task to
+    another worker meanwhile.
+
+    Attributes:
+        expiry_s: seconds a task process runs on without a renewal
+            (``broker_rules.lease_expiry_s``): the bound on two runs of one task at once.
+        held: whether the worker may renew now (``Transport.holding``).
+    """
+
+    expiry_s: float
+    held: Callable[[], bool]
+
+    @property
+    def renew_every_s(self) -> float:
+        """Seconds between two renewals: :data:`RENEWALS_PER_LEASE` per expiry."""
+        return self.expiry_s / RENEWALS_PER_LEASE
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,6 +18,7 @@ from pydantic import Field, SecretStr, ValidationError, field_validator, model_v
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from async_task_api_worker.broker_rules import (
+    SILENT_HEARTBEATS_TO_DEAD,
     check_time_budget,
     consumer_timeout_s,
     describe_time_budget,
@@ -46,10 +47,6 @@ __all__ = [
     "load_settings",
     "split_broker_urls",
 ]
-
-#: A broker connection silent for this many heartbeats is taken for dead (and one silent for a
-#: whole heartbeat is not ready); RabbitMQ sends a frame at least every half heartbeat.
-SILENT_HEARTBEATS_TO_DEAD: Final = 2
 
 #: The most worker processes one ``run`` starts (``WORKER_PROCESSES``): a typo must not fork
 #: a thousand interpreters.
@@ -145,7 +142,8 @@ class WorkerSettings(BaseSettings):
     """``sqs-sfn``: the queue the Step Functions state sends to (required then)."""
     sfn_heartbeat_interval_s: Annotated[float, Field(ge=0.1, le=3600, allow_inf_nan=False)] = 15.0
     """``sqs-sfn``: seconds between two ``SendTaskHeartbeat`` calls per task; keep it well
-    under the state's ``HeartbeatSeconds``."""
+    under the state's ``HeartbeatSeconds``. A subprocess stops itself after two without its
+    lease renewed (``broker_rules.lease_expiry_s``)."""
     sqs_wait_time_s: Annotated[int, Field(ge=0, le=20)] = 5
     """``sqs-sfn``: the SQS long poll, in whole seconds (how long an idle stop may wait)."""
     broker_url: SecretStr = SecretStr("amqp://guest:guest@localhost:5672/")
@@ -154,7 +152,8 @@ class WorkerSettings(BaseSettings):
     broker_heartbeat_s: Annotated[int, Field(ge=1, le=600)] = 15
     """AMQP heartbeat timeout asked of the broker, in whole seconds (a URL's own
     ``?heartbeat=`` wins). The worker takes a connection for dead after two of them without a
-    frame, and reports ``broker`` not ready after one."""
+    frame, and reports ``broker`` not ready after one; a process-isolated task stops itself
+    after two without its lease renewed (``broker_rules.lease_expiry_s``)."""
     in_queue_name: Annotated[str, Field(min_length=1, max_length=255)] | None = None
     """Queue the tasks arrive on; default ``<worker name>_queue_in``."""
     out_queue_name: Annotated[str, Field(min_length=1, max_length=255)] | None = None

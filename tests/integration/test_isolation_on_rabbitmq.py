@@ -51,6 +51,27 @@ def test_sigterm_past_the_grace_kills_the_group_and_gives_the_input_back(
     queues.assert_counts(queues.in_queue, (1, 0))  # given back, waiting for the next worker
 
 
+def test_a_task_still_running_in_the_drain_keeps_its_lease(
+    queues: Queues, start_worker: Any, tmp_path: Path
+) -> None:
+    # A lease of 2 s (two heartbeats of 1 s), a task of 5 s begun before SIGTERM: the worker no
+    # longer consumes, but still holds its deliveries, and renews.
+    env = queues.env(BROKER_HEARTBEAT_S="1", WORKER_SHUTDOWN_GRACE_S="30")
+    worker = start_worker(TARGET, env)
+    started = tmp_path / "started"
+
+    async def submit() -> list[str]:
+        async with queues.client("isolated") as client:
+            task_id = await client.submit({"mode": "sleep", "data": 5, "marker": str(started)})
+            await asyncio.to_thread(wait_for, started.exists, 30, "the task to start")
+            worker.signal(signal.SIGTERM)
+            return [report.type async for report in client.reports(task_id)]
+
+    assert asyncio.run(submit()) == ["started", "success"]
+    assert worker.wait(timeout_s=60) == 0
+    assert "lease_lapsed" not in worker.log()
+
+
 def _children_of(pid: int) -> list[int]:
     children = []
     for entry in Path("/proc").iterdir():

@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+from urllib.parse import urlencode
+
+import aiormq.connection
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from yarl import URL
 
 from async_task_api_worker.broker_rules import (
     consumer_timeout_s,
     delivery_budget_s,
+    heartbeat_in_force_s,
+    lease_expiry_s,
 )
 from async_task_api_worker.errors import SettingsError, TimeBudgetError
 from async_task_api_worker.settings import (
@@ -246,3 +254,24 @@ def test_the_hand_out_limit_is_at_least_the_delivery_limit(
     )
     monkeypatch.setenv("WORKER_ACQUIRED_LIMIT", "30")
     assert load_settings().worker_acquired_limit == 30
+
+
+def test_a_task_processs_lease_expires_after_two_heartbeats_in_force() -> None:
+    def expiry(**values: object) -> float | None:
+        return lease_expiry_s(load_settings(values, read_environment=False))
+
+    assert expiry() == 30.0  # BROKER_HEARTBEAT_S 15
+    assert expiry(broker_heartbeat_s=2) == 4.0
+    assert expiry(broker_url="amqp://h/?heartbeat=5", broker_heartbeat_s=2) == 10.0
+    assert expiry(broker_url="amqp://a/?heartbeat=0,amqp://b/?heartbeat=3") == 6.0  # the longest
+    assert expiry(broker_url="amqp://h/?heartbeat=0") is None  # no heartbeat, no lease
+    sqs = {"worker_transport": "sqs-sfn", "sqs_queue_url": "https://sqs.example/1/q"}
+    assert expiry(**sqs, sfn_heartbeat_interval_s=0.5) == 1.0
+
+
+@given(st.text())
+def test_a_urls_own_heartbeat_is_read_as_the_amqp_client_reads_it(value: str) -> None:
+    url = "amqp://broker/vhost?" + urlencode({"heartbeat": value})
+    in_force = aiormq.connection.parse_heartbeat(URL(url).query["heartbeat"])
+    assert heartbeat_in_force_s(url, 15) == in_force
+    assert heartbeat_in_force_s("amqp://broker/vhost", 15) == 15

@@ -30,6 +30,9 @@ class Reason(StrEnum):
     WITHDRAWN = "delivery_withdrawn"
     #: The grace period of a shutdown ran out (a report was held, or the handler ran).
     ABORTED = "grace_period_over"
+    #: A process-isolated task's lease lapsed while it ran (``ports.Lease``): its process
+    #: stopped itself, and another worker may run the task now; nothing is reported.
+    LEASE_LAPSED = "lease_lapsed"
     #: The runtime gave back a delivery it never started (a drain).
     NEVER_STARTED = "never_started"
     #: A redelivery of a task whose work a detached worker has already (the tick).

@@ -350,8 +350,9 @@ class Engine:
             throttle.abandon()
             await throttle.idle()
             raise
-        # A held progress update goes out before the terminal report; none after it.
-        await throttle.close(flush=not isinstance(result, Stopped))
+        # A held progress update goes out before the terminal report; none after it, and none
+        # for a run that stopped or whose conclusion is void.
+        await throttle.close(flush=not isinstance(result, Stopped | GivenBack))
         return result
 
     async def _back_off(

@@ -5,13 +5,18 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from async_task_api_worker.conclusion import ExecutionResult
+from async_task_api_worker.conclusion import Conclusion, HandedOff, LeaseLapsed
 from async_task_api_worker.context import bind_task_fields
-from async_task_api_worker.engine.verdict import Stopped
+from async_task_api_worker.engine.decision import Reason
+from async_task_api_worker.engine.verdict import GivenBack, Stopped
 from async_task_api_worker.engine.waits import CutShort, until_cut
 from async_task_api_worker.ports import CancelToken, ExecutionRequest, Executor, Outcome
 
 __all__ = ["StartedNotConfirmed", "StopSignal", "Stopped", "confirming", "execute"]
+
+#: A run whose lease lapsed: given back uncounted, nothing reported (withdrawn instead where the
+#: transport has withdrawn the delivery already: ``engine.settlement``).
+_LAPSED = GivenBack(Outcome.CANCELLED, Reason.LEASE_LAPSED)
 
 
 class StartedNotConfirmed(Exception):
@@ -58,12 +63,13 @@ async def execute(
     delivery_cancel: CancelToken,
     report_gave_up: CancelToken | None = None,
     client_cancel: CancelToken | None = None,
-) -> ExecutionResult | Stopped:
+) -> Conclusion | HandedOff | Stopped | GivenBack:
     """Run ``request`` through ``executor`` and say how it ended.
 
     A shutdown abort, a delivery cancel, a report that gave up (``report_gave_up``: ``started``
     could not get out) or the task's client (``client_cancel``) stops the handler alone, and
-    says so; a cancel of the caller's own task still propagates.
+    says so; a cancel of the caller's own task still propagates. A run whose lease lapsed
+    (``conclusion.LeaseLapsed``) is given back, its conclusion void (``reason=lease_lapsed``).
 
     Raises:
         asyncio.CancelledError: the calling task itself was cancelled.
@@ -88,4 +94,6 @@ async def execute(
             return Stopped(Outcome.PUBLISH_FAILED)
     if isinstance(result, CutShort):
         return Stopped(stoppers[result.by])
+    if isinstance(result, LeaseLapsed):
+        return _LAPSED
     return result

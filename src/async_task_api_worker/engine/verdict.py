@@ -73,7 +73,8 @@ class GivenBack:
     """The worker gives the delivery back, uncounted, before it concluded.
 
     ``outcome`` is ``shutdown_requeued`` (never started: ``reason``) or ``cancelled`` (the
-    caller's own task was cancelled).
+    caller's own task was cancelled; or the run's lease lapsed, ``reason`` ``lease_lapsed``:
+    what it concluded is void).
     """
 
     outcome: Outcome

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from async_task_api_worker.definition import HandlerKind, TaskDefinition
 from async_task_api_worker.executors.inline import InlineExecutor
 from async_task_api_worker.executors.thread import ThreadExecutor
-from async_task_api_worker.ports import Executor
+from async_task_api_worker.ports import Executor, Lease
 
 if TYPE_CHECKING:
     from async_task_api_worker.executors.process import ProcessExecutor
@@ -28,16 +28,17 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def executor_for(task: TaskDefinition, concurrency: int) -> Executor:
+def executor_for(task: TaskDefinition, concurrency: int, lease: Lease | None = None) -> Executor:
     """The executor a task runs on.
 
-    A child process per task with ``isolation="process"``, else the event loop for an
-    ``async def`` handler, or a pool of ``concurrency`` threads for a ``def`` one.
+    A child process per task with ``isolation="process"``, its group holding ``lease``, else
+    the event loop for an ``async def`` handler, or a pool of ``concurrency`` threads for a
+    ``def`` one (neither can be fenced: they run in the worker's own process).
     """
     if task.isolation == "process":
         from async_task_api_worker.executors.process import ProcessExecutor
 
-        return ProcessExecutor(task)
+        return ProcessExecutor(task, lease=lease)
     if task.kind is HandlerKind.ASYNC:
         return InlineExecutor()
     return ThreadExecutor(concurrency)

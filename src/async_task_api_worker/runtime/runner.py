@@ -16,6 +16,7 @@ import logging
 from collections.abc import Iterable, Sequence
 from enum import StrEnum
 
+from async_task_api_worker.broker_rules import lease_expiry_s
 from async_task_api_worker.definition import Worker
 from async_task_api_worker.engine import Engine, StopSignal
 from async_task_api_worker.engine.decision import Reason
@@ -23,7 +24,7 @@ from async_task_api_worker.errors import TransportError
 from async_task_api_worker.executors import executor_for
 from async_task_api_worker.observability.metrics import WorkerMetrics
 from async_task_api_worker.observability.redaction import exception_type_name
-from async_task_api_worker.ports import Delivery, Executor, Observer, Transport
+from async_task_api_worker.ports import Delivery, Executor, Lease, Observer, Transport
 from async_task_api_worker.runtime.exit_codes import ExitCode
 from async_task_api_worker.runtime.hooks import (
     GIVE_BACK_TIMEOUT_S,
@@ -36,9 +37,19 @@ from async_task_api_worker.runtime.hooks import (
 )
 from async_task_api_worker.settings import WorkerMode, WorkerSettings
 
-__all__ = ["Runner", "RunnerState"]
+__all__ = ["Runner", "RunnerState", "lease_for"]
 
 _logger = logging.getLogger("async_task_api_worker.runtime")
+
+
+def lease_for(settings: WorkerSettings, transport: Transport) -> Lease | None:
+    """The lease the worker's task processes hold (``ports.Lease``); ``None`` without one.
+
+    It expires after ``broker_rules.lease_expiry_s``, and is renewed while ``transport`` holds
+    its deliveries (``Transport.holding``).
+    """
+    expiry_s = lease_expiry_s(settings)
+    return None if expiry_s is None else Lease(expiry_s, lambda: transport.holding)
 
 
 class RunnerState(StrEnum):
@@ -59,7 +70,8 @@ class Runner:
         settings: its settings.
         transport: the broker (connected by :meth:`serve`).
         executor: runs the handler; default: inline for ``async def``, a thread pool of
-            ``WORKER_CONCURRENCY`` threads for ``def``.
+            ``WORKER_CONCURRENCY`` threads for ``def``, a process per task (holding
+            :func:`lease_for`) for ``isolation="process"``.
         observers: told of every engine event, after :attr:`metrics`.
         metrics: the worker's metrics; default: new ones on a registry of their own.
     """
@@ -80,7 +92,7 @@ class Runner:
         self._settings = settings
         self._transport = transport
         self._executor: Executor = executor or executor_for(
-            worker.task_definition, settings.worker_concurrency
+            worker.task_definition, settings.worker_concurrency, lease_for(settings, transport)
         )
         observers = (self.metrics, *observers)
         self._engine = Engine(worker, settings, transport, self._executor, observers=observers)

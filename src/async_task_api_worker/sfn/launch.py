@@ -7,6 +7,11 @@ supervisor: it asks Linux for SIGTERM when the worker dies (``PR_SET_PDEATHSIG``
 module's process, and on that signal kills the whole group. Otherwise it waits for the module
 and ends as it did (its exit code, or the same signal), so the worker reads the end exactly as
 if it had run ``python -m MODULE``.
+
+A frozen worker (SIGSTOP, a paused VM, a blocked event loop) is not dead, and Step Functions
+retries its task once its heartbeats stop. With ``--lease=FD:SECONDS`` the supervisor forks the
+group's lease watchdog first (``executors.process.lease.fence``): it kills the whole group once
+the worker has not renewed the lease on ``FD`` for ``SECONDS``.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import traceback
 from typing import NoReturn
 
 from async_task_api_worker.executors.process.group import die_with_parent
+from async_task_api_worker.executors.process.lease import fence, unfence
 
 __all__ = ["main"]
 
@@ -51,15 +57,29 @@ def _kill_the_group(*_: object) -> None:
 
 def main(argv: list[str] | None = None) -> NoReturn:
     """Supervise ``MODULE`` (see the module); exits as it did."""
-    arguments = sys.argv[1:] if argv is None else argv
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    lease: tuple[int, float] | None = None
+    try:
+        if arguments and arguments[0].startswith("--lease="):
+            fd, _, seconds = arguments.pop(0).removeprefix("--lease=").partition(":")
+            lease = int(fd), float(seconds)
+    except ValueError:
+        arguments = []
     if len(arguments) != 1:
-        print("usage: python -m async_task_api_worker.sfn.launch MODULE", file=sys.stderr)
+        print(
+            "usage: python -m async_task_api_worker.sfn.launch [--lease=FD:SECONDS] MODULE",
+            file=sys.stderr,
+        )
         os._exit(2)
     worker = os.getppid()
     signal.signal(signal.SIGTERM, _kill_the_group)
     die_with_parent(signal.SIGTERM)
     if os.getppid() != worker:  # the worker died before the request took hold
         _kill_the_group()
+    watchdog: int | None = None
+    if lease is not None:
+        watchdog = fence(*lease)
+        os.close(lease[0])  # the watchdog holds it: the module's process must not
     child = os.fork()
     if child == 0:
         _run_module(arguments[0])
@@ -69,6 +89,8 @@ def main(argv: list[str] | None = None) -> NoReturn:
             break
         except InterruptedError:
             continue
+    if watchdog is not None:
+        unfence(watchdog)
     code = os.waitstatus_to_exitcode(status)
     if code < 0:
         signal.signal(-code, signal.SIG_DFL)

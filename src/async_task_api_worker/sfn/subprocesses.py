@@ -3,7 +3,9 @@
 ``select_subprocess_module(request)`` names the module; ``python -m <module>`` runs in a session
 of its own (``executors.process.group``: killed whole, reaped, its pipes drained, whatever ends
 it: its deadline, a stale token, a drain), under a supervisor that kills the group if the worker
-itself is killed (:mod:`.launch`). The request travels as seed 000 says: the raw body
+itself is killed, or stops renewing the group's lease on a pipe (:mod:`.launch`,
+``executors.process.lease``; a run whose lease lapsed concludes nothing). The request travels
+as seed 000 says: the raw body
 in ``WORKER_REQUEST``, or, when it is 64 KiB or more, in a private file named by
 ``WORKER_REQUEST_FILE``. The conclusion comes back on stdout, in the one shape every child
 writes (``conclusion.dump_conclusion``), read by the one reader; :func:`interpret` translates
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import sys
@@ -37,7 +40,13 @@ import tempfile
 from collections.abc import Callable
 from typing import Any, Final
 
-from async_task_api_worker.conclusion import Conclusion, Failure, Response, conclusion_from_json
+from async_task_api_worker.conclusion import (
+    Conclusion,
+    Failure,
+    LeaseLapsed,
+    Response,
+    conclusion_from_json,
+)
 from async_task_api_worker.executors.process.group import (
     TaskProcess,
     end_group,
@@ -45,9 +54,10 @@ from async_task_api_worker.executors.process.group import (
     signal_name,
     spawn_in_new_session,
 )
+from async_task_api_worker.executors.process.lease import RENEWAL, LeaseKeeper
 from async_task_api_worker.executors.process.output import OutputTail
 from async_task_api_worker.observability import tracing
-from async_task_api_worker.ports import ExecutionRequest
+from async_task_api_worker.ports import ExecutionRequest, Lease
 from async_task_api_worker.protocol.codes import RESERVED_ERROR_CODES, ErrorCode
 from async_task_api_worker.protocol.encoding import strict_loads, utf8_json
 from async_task_api_worker.sfn.errors import (
@@ -168,6 +178,7 @@ class SubprocessExecutor:
             raises fails the task (its class name and message).
         levels: the consumer's ``exception_levels``.
         python: the interpreter that runs the subprocesses.
+        lease: the lease each subprocess's group holds (``None``: none).
     """
 
     def __init__(
@@ -176,10 +187,12 @@ class SubprocessExecutor:
         select: Callable[[Any], str],
         levels: ExceptionLevels,
         python: str = sys.executable,
+        lease: Lease | None = None,
     ) -> None:
         self._select = select
         self._levels = levels
         self._python = python
+        self._keeper = LeaseKeeper(lease)
 
     @property
     def stuck_task_ids(self) -> tuple[str, ...]:
@@ -191,11 +204,14 @@ class SubprocessExecutor:
         return None
 
     async def aclose(self) -> None:
-        """Nothing to release: each subprocess is ended with its message."""
-        return None
+        """Stop renewing leases (each subprocess is ended with its message)."""
+        await self._keeper.aclose()
 
-    async def execute(self, request: ExecutionRequest) -> Conclusion:
-        """Route the request, run its subprocess under ``request.timeout_s``, and conclude."""
+    async def execute(self, request: ExecutionRequest) -> Conclusion | LeaseLapsed:
+        """Route the request, run its subprocess under ``request.timeout_s``, and conclude.
+
+        ``LeaseLapsed`` when the group's lease lapsed before the worker saw the run end.
+        """
         try:
             module = self._select(request.task_input)
         except asyncio.CancelledError:
@@ -205,7 +221,9 @@ class SubprocessExecutor:
             return named_failure(exc)
         return await self._run(module, request_text(dict(request.raw_input)), request)
 
-    async def _run(self, module: str, body: str, request: ExecutionRequest) -> Conclusion:
+    async def _run(
+        self, module: str, body: str, request: ExecutionRequest
+    ) -> Conclusion | LeaseLapsed:
         env = {k: v for k, v in os.environ.items() if k not in _OWN_ENV}
         env.update(tracing.carrier_to_env())  # the subprocess continues the delivery's trace
         request_path: str | None = None
@@ -216,18 +234,37 @@ class SubprocessExecutor:
             with os.fdopen(fd, "w", encoding="utf-8") as request_file:
                 request_file.write(body)
             env[REQUEST_FILE_ENV] = request_path
+        try:
+            return await self._supervise(module, env, request)
+        finally:
+            if request_path is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(request_path)
+
+    async def _supervise(
+        self, module: str, env: dict[str, str], request: ExecutionRequest
+    ) -> Conclusion | LeaseLapsed:
+        """Run ``module`` under its supervisor (:mod:`.launch`), its group holding the lease."""
         stdout = OutputTail("stdout", MAX_STDOUT_BYTES + 1)
         stderr = OutputTail("stderr", _STDERR_TAIL_BYTES)
         child: TaskProcess | None = None
         code: int | None = None
         timed_out = False
+        lease: list[str] = []
+        renewals: tuple[int, int] | None = None
+        if self._keeper.expiry_s is not None:
+            renewals = os.pipe()
+            os.set_blocking(renewals[1], False)  # a renewal never waits: one byte or none
+            lease = [f"--lease={renewals[0]}:{self._keeper.expiry_s!r}"]
+        grant = self._keeper.grant()
         try:
             try:
                 child = await spawn_in_new_session(
-                    [self._python, "-m", "async_task_api_worker.sfn.launch", module],
+                    [self._python, "-m", "async_task_api_worker.sfn.launch", *lease, module],
                     env=env,
                     stdout_fd=stdout.write_fd,
                     stderr_fd=stderr.write_fd,
+                    pass_fds=renewals[:1] if renewals else (),
                 )
             except (OSError, ValueError) as exc:  # no such interpreter, a NUL in the module
                 self._levels.log(SubprocessCrashError, "%s could not be started", module)
@@ -238,20 +275,28 @@ class SubprocessExecutor:
             finally:
                 stdout.close_write_end()
                 stderr.close_write_end()
+                if renewals is not None:
+                    os.close(renewals[0])
             stdout.start()
             stderr.start()
             _logger.info("Running %s (pid %d, its own process group)", module, child.pid)
+            if renewals is not None:
+                grant.start(functools.partial(_renew, renewals[1]), child.kill)
             code = await child.reap(request.timeout_s)
             timed_out = code is None
         finally:
+            self._keeper.release(grant)  # the run's end is known now
             # The whole group goes, however the message ended (a stale token, the drain's end).
             await end_group(child, (stdout, stderr))
-            if request_path is not None:
-                with contextlib.suppress(OSError):
-                    os.unlink(request_path)
+            if renewals is not None:
+                os.close(renewals[1])
             if code is None:  # past its budget (the clue is in its output), or stopped
                 level = logging.WARNING if timed_out else logging.DEBUG
                 log_tails((stderr,), task_id=request.task_id, level=level, logger=_logger)
+        if grant.lapsed:  # whatever it concluded is void
+            if code is not None:
+                log_tails((stderr,), task_id=request.task_id, level=logging.DEBUG, logger=_logger)
+            return LeaseLapsed()
         if code is None:
             self._levels.log(SubprocessTimeoutError, "%s ran past its time and was killed", module)
             return task_timeout(request.timeout_s)
@@ -263,3 +308,8 @@ class SubprocessExecutor:
             logger=_logger,
         )
         return conclusion
+
+
+def _renew(fd: int) -> None:
+    """One renewal of a subprocess group's lease, on its pipe (``OSError`` when it cannot)."""
+    os.write(fd, RENEWAL)

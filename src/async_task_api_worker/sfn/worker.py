@@ -26,7 +26,7 @@ from async_task_api_worker.definition import HandlerKind, TaskDefinition
 from async_task_api_worker.definition import Worker as TaskWorker
 from async_task_api_worker.protocol.envelope import SERVICE_PATTERN
 from async_task_api_worker.runtime.entry import prepare, run_worker, transport_for
-from async_task_api_worker.runtime.runner import Runner
+from async_task_api_worker.runtime.runner import Runner, lease_for
 from async_task_api_worker.settings import WorkerSettings
 from async_task_api_worker.sfn.errors import AbortedStaleTask
 from async_task_api_worker.sfn.levels import ExceptionLevels
@@ -148,9 +148,8 @@ class Worker(Generic[RequestT]):
                 timeout_s=self._timeout_s,
             ),
         )
-        self._executor = SubprocessExecutor(
-            select=select_subprocess_module, levels=self._levels, python=python
-        )
+        self._select = select_subprocess_module
+        self._python = python
         self._runner: Runner | None = None
 
     @property
@@ -200,7 +199,13 @@ class Worker(Generic[RequestT]):
                 stepfunctions_client=self._clients[1],
                 protection=self._protection,
             )
-            self._runner = Runner(self._definition, settings, transport, executor=self._executor)
+            executor = SubprocessExecutor(
+                select=self._select,
+                levels=self._levels,
+                python=self._python,
+                lease=lease_for(settings, transport),  # its subprocesses' groups hold it
+            )
+            self._runner = Runner(self._definition, settings, transport, executor=executor)
         return self._runner
 
     def run(self) -> None:

@@ -9,6 +9,7 @@ import pytest
 from pydantic import BaseModel
 
 from async_task_api_worker import RetryableError, TaskContext, Worker
+from async_task_api_worker.conclusion import LeaseLapsed
 from async_task_api_worker.engine import Engine, StopSignal
 from async_task_api_worker.engine.engine import retry_backoff_s
 from async_task_api_worker.errors import PublishError, SettleError
@@ -424,6 +425,33 @@ async def test_an_executor_that_fails_itself_gives_the_delivery_back_without_a_f
     # No terminal report: another attempt reports (``started`` may or may not have gone out).
     assert {report.report.type for report in transport.published} <= {"started"}
     assert "OSError" in caplog.text
+
+
+class LapsedExecutor(InlineExecutor):
+    """An executor whose task's lease lapsed: its process stopped itself (issue 30)."""
+
+    async def execute(self, request: object) -> object:  # type: ignore[override]
+        return LeaseLapsed()
+
+
+async def test_a_run_whose_lease_lapsed_reports_nothing_and_is_given_back_uncounted() -> None:
+    worker = Worker("svc")
+
+    @worker.task(timeout=60)
+    async def handle(task_input: Input, ctx: TaskContext) -> Output:  # pragma: no cover
+        return Output()
+
+    transport = InMemoryTransport()
+    engine = Engine(worker, load_settings({}, read_environment=False), transport, LapsedExecutor())
+    settlement = await engine.handle(deliver(transport))
+    assert (settlement.outcome, settlement.action, settlement.reason) == (
+        Outcome.CANCELLED,
+        Action.NACK_REQUEUE,
+        "lease_lapsed",
+    )
+    assert settlement.requeue_counted is False
+    assert {report.report.type for report in transport.published} <= {"started"}
+    assert transport.ready[0].delivery_count == 0
 
 
 async def test_a_result_reported_after_its_delivery_writes_one_decision_line_and_settles_nothing(

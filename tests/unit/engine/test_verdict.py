@@ -32,6 +32,9 @@ POISON = Refused("t-1", "c", Failure("INVALID_INPUT", "bad"), poison_reason="inv
 NOBODY = Refused(None, None, None, poison_reason="no_task_id")
 INVALID = Refused("t-1", "c", Failure("INVALID_INPUT", "bad"))
 BY_CLIENT = Stopped(Outcome.CANCELLED_BY_CLIENT)
+#: A process-isolated run whose lease lapsed (``engine.execution``): withdrawn, if the
+#: transport withdrew the delivery meanwhile, else given back.
+LAPSED = GivenBack(Outcome.CANCELLED, Reason.LEASE_LAPSED)
 
 V = Verdict
 NACK = Action.NACK_REQUEUE
@@ -92,6 +95,7 @@ CASES: list[tuple[Ending, Attempt, Reason | None, Verdict]] = [
         V(Outcome.SHUTDOWN_REQUEUED, NACK, reason=Reason.NEVER_STARTED),
     ),
     (GivenBack(Outcome.CANCELLED), FIRST, None, V(Outcome.CANCELLED, NACK)),
+    (LAPSED, FIRST, None, V(Outcome.CANCELLED, NACK, reason=Reason.LEASE_LAPSED)),
     (EngineFailed(), FIRST, None, V(Outcome.ENGINE_ERROR, NACK, counted=True)),
     (
         Swept(OK, Reason.SWEPT_RESULT),
@@ -136,6 +140,7 @@ def test_each_ending_settles_as_its_table_row_says(
         (Stopped(Outcome.SHUTDOWN_REQUEUED), FIRST, None),
         (HandedOff(), FIRST, None),
         (GivenBack(Outcome.CANCELLED), FIRST, None),
+        (LAPSED, FIRST, None),  # a run whose lease lapsed reports nothing it concluded
         (EngineFailed(), FIRST, None),
         (Swept(AGAIN, Reason.SWEPT_RESULT), FIRST, AGAIN),
     ],

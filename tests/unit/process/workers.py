@@ -47,6 +47,7 @@ class Job(BaseModel):
         "fork_then_segv",
         "forge",
         "canary_then_segv",
+        "once",
     ] = "echo"
     data: Any = None
     marker: str = ""
@@ -115,6 +116,14 @@ async def run(job: Job, ctx: TaskContext) -> Echo:  # noqa: PLR0912 - one branch
     elif job.mode == "spin":
         while True:
             pass
+    elif job.mode == "once":
+        # The first run leaves its pid (its group's id) in ``marker`` and works ``data``
+        # seconds; a later run answers at once.
+        if not os.path.exists(job.marker):
+            with open(job.marker + ".tmp", "w") as pid_file:
+                pid_file.write(str(os.getpid()))
+            os.replace(job.marker + ".tmp", job.marker)
+            time.sleep(float(job.data))
     elif job.mode == "sleep":
         if job.marker:  # a file that says the request reached the task's process
             with open(job.marker, "w"):

@@ -7,6 +7,7 @@ server neither refuses one nor keeps a failure's ``cause``.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import uuid
@@ -22,7 +23,7 @@ from async_task_api_worker.sfn.protection import TaskProtection
 from async_task_api_worker.transports.sqs_sfn.codec import MAX_CAUSE_CHARS, MAX_ERROR_CHARS
 from tests.conftest import decision_records
 from tests.integration.sfn_consumer.cases import AssetRejected, CaseRequest, select
-from tests.polling import wait_for
+from tests.polling import until, wait_for
 from tests.unit.process.test_process_executor import processes_with
 
 PAYLOAD = "PAYLOAD-do-not-echo-4411"
@@ -56,13 +57,17 @@ class StepFunctions:
 
 
 def worker_on(
-    aws: StepFunctions, *, minutes: float = 1.0, schema: Any = CaseRequest
+    aws: StepFunctions,
+    *,
+    minutes: float = 1.0,
+    schema: Any = CaseRequest,
+    heartbeat_s: float = 30.0,
 ) -> Worker[Any]:
     return Worker(
         request_schema=schema,
         select_subprocess_module=select,
         sqs_queue_url="https://sqs.example/123456789012/cases",
-        heartbeat_interval_seconds=30.0,
+        heartbeat_interval_seconds=heartbeat_s,
         message_processing_timeout_minutes=minutes,
         exception_levels={AssetRejected: logging.WARNING},
         sqs_client=aws,
@@ -157,6 +162,22 @@ async def test_an_sdk_tasks_conclusion_reaches_step_functions_in_seed_000s_names
         assert (kind, arguments["output"]) == expected
     else:
         assert (kind, f"{arguments['error']}: {arguments['cause']}") == expected
+
+
+async def test_a_frozen_workers_subprocess_stops_itself_and_its_task_is_given_back() -> None:
+    aws = StepFunctions()
+    marker = f"atw-every-end-{uuid.uuid4().hex}"
+    # A heartbeat every 0.5 s: the subprocess's group holds a lease of 2 x 0.5 s.
+    worker = worker_on(aws, heartbeat_s=0.5)
+    handling = asyncio.ensure_future(worker.handle_message(message(case="long", marker=marker)))
+    await until(lambda: len(processes_with(marker)) >= 2, 30, "the subprocess's grandchildren")
+    # The worker's event loop is frozen until the group has stopped itself: no renewal, no
+    # heartbeat goes out meanwhile.
+    wait_for(lambda: not processes_with(marker), 30, "the group to stop itself")
+    await handling
+    # Not the SubprocessCrashError of a SIGKILL: the run is void, its task handed back.
+    ((kind, arguments),) = aws.terminal()
+    assert (kind, arguments["error"]) == ("failure", "TASK_GIVEN_BACK")
 
 
 class Strict(WorkerRequest):

@@ -492,7 +492,7 @@ async def test_a_failing_receive_is_not_ready_backs_off_and_a_stop_ends_the_wait
     logging.getLogger("async_task_api_worker.transports.sqs_sfn").addHandler(signal_handler)
     transport = transport_on(aws)
     await transport.connect()
-    assert transport.consuming
+    assert transport.consuming and transport.holding
     polling = asyncio.ensure_future(take(transport, 1))
     try:
         await asyncio.wait_for(warned.wait(), 5)  # the failed receive, said once
@@ -500,6 +500,7 @@ async def test_a_failing_receive_is_not_ready_backs_off_and_a_stop_ends_the_wait
         logging.getLogger("async_task_api_worker.transports.sqs_sfn").removeHandler(signal_handler)
     assert failed.is_set()
     assert not transport.consuming  # /ready says `broker`
+    assert not transport.holding  # and the task processes' leases are not renewed
     await transport.stop_consuming()
     assert await asyncio.wait_for(polling, 5) == []
     assert aws.receives == 1  # no second try: the stop cut the backoff short

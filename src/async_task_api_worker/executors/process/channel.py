@@ -6,7 +6,9 @@ a library or a C extension writes to file descriptors 1 and 2 cannot corrupt a r
 Frame: a 4-byte big-endian length, then that many bytes of JSON (``ensure_ascii``, so a lone
 surrogate or a NUL in a string travels escaped and arrives identical).
 
-Messages: the worker sends one :class:`TaskRequest`; the child sends any number of
+Messages: the worker sends one :class:`TaskRequest`, then, when the request names a lease
+(``lease_s``), one renewal byte per ``Lease.renew_every_s`` (:mod:`.lease`: the child's
+watchdog reads them); the child sends any number of
 :class:`ProgressMessage`, :class:`DropMessage` and :class:`LogMessage`, then exactly one
 :class:`OutcomeMessage`: the conclusion the child's task call made
 (:mod:`async_task_api_worker.task_call`), which the worker reports as it is. Each message is
@@ -163,6 +165,8 @@ class TaskRequest:
         memory_limit_bytes: the address-space limit, or ``None``.
         cpu_limit_s: the CPU-time limit in seconds, or ``None``.
         log_level: the worker's root log level (the child logs at it, through the channel).
+        lease_s: the lease's expiry in seconds (``ports.Lease``): the child's group stops
+            itself once no renewal came for that long; ``None``: no lease.
     """
 
     raw_input: dict[str, Any]
@@ -170,6 +174,7 @@ class TaskRequest:
     memory_limit_bytes: int | None = None
     cpu_limit_s: float | None = None
     log_level: int = 20
+    lease_s: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The request as the frame's JSON object."""
@@ -182,6 +187,7 @@ class TaskRequest:
                 "cpu_limit_s": self.cpu_limit_s,
             },
             "log_level": self.log_level,
+            "lease_s": self.lease_s,
         }
 
     @classmethod
@@ -194,6 +200,7 @@ class TaskRequest:
         try:
             limits = message.get("limits") or {}
             memory, cpu = limits.get("memory_limit_bytes"), limits.get("cpu_limit_s")
+            lease = message.get("lease_s")
             if message.get("t") != "request" or not isinstance(message.get("input"), dict):
                 raise ValueError("not a request")
             return cls(
@@ -202,6 +209,7 @@ class TaskRequest:
                 memory_limit_bytes=None if memory is None else int(memory),
                 cpu_limit_s=None if cpu is None else float(cpu),
                 log_level=int(message.get("log_level", 20)),
+                lease_s=None if lease is None else float(lease),
             )
         except (AttributeError, KeyError, TypeError, ValueError) as exc:
             raise ChannelError(f"a request that breaks the rules ({type(exc).__name__})") from exc

@@ -4,7 +4,9 @@ Runs in the task's own process, forked by the fork server or spawned as a fresh 
 (``python -m async_task_api_worker.executors.process.child``). The handler runs through the
 task call (:func:`~async_task_api_worker.task_call.call_here`), as in every face, and its
 conclusion goes back as the one outcome message. The child's stdout and stderr are pipes the
-worker drains; the messages go on the channel only (see :mod:`.channel`).
+worker drains; the messages go on the channel only (see :mod:`.channel`). When the request
+names a lease, the group's watchdog is forked first (:func:`.lease.fence`), before the handler
+and its limits.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import sys
 from collections.abc import Callable
 from typing import Any, cast
 
+from async_task_api_worker.conclusion import Failure
 from async_task_api_worker.context import ProgressDropReason, ProgressUpdate
 from async_task_api_worker.definition import TASK_PROCESS_ENV, TaskDefinition, read_task
 from async_task_api_worker.executors.process.channel import (
@@ -31,8 +34,10 @@ from async_task_api_worker.executors.process.channel import (
     TaskRequest,
 )
 from async_task_api_worker.executors.process.group import become_subreaper, die_with_parent
+from async_task_api_worker.executors.process.lease import fence, unfence
 from async_task_api_worker.observability.logging import RECORD_ATTRIBUTES, json_scalar
 from async_task_api_worker.observability.redaction import exception_type_name
+from async_task_api_worker.protocol.codes import ErrorCode
 from async_task_api_worker.targets import load_reference
 from async_task_api_worker.task_call import call_here, sendable
 
@@ -124,8 +129,16 @@ def serve_one(channel_fd: int, task: TaskDefinition) -> int:
     """
     sock = socket.socket(fileno=channel_fd)
     channel = ChildChannel(sock)
+    watchdog: int | None = None
     try:
         request = TaskRequest.from_json(channel.receive())
+        if request.lease_s is not None:
+            try:
+                watchdog = fence(channel_fd, request.lease_s)
+            except OSError:  # no watchdog, no run: nothing may outlive a frozen worker
+                unfenced = Failure(ErrorCode.WORKER_CRASHED, "the task's process could not fork")
+                channel.send(OutcomeMessage(unfenced).to_json())
+                return 0
         _set_up_logging(channel, request.log_level)
         _apply_limits(request)
         conclusion = call_here(
@@ -146,6 +159,8 @@ def serve_one(channel_fd: int, task: TaskDefinition) -> int:
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(Exception):
                 stream.flush()
+        if watchdog is not None:
+            unfence(watchdog)
     return 0
 
 

@@ -5,7 +5,9 @@ Cooperative cancellation cannot stop blocking code; SIGKILL to a separate proces
 (:mod:`.forkserver`), or spawned as a fresh interpreter when the fork server cannot serve.
 The worker kills the child's whole group (grandchildren included) at the task's deadline, at
 the end of the drain, and on a cancel; after the kill the child is reaped and its pipes closed,
-so no read can hang on a grandchild that still holds one.
+so no read can hang on a grandchild that still holds one. With a lease (``ports.Lease``), the
+group stops itself when the worker stops renewing it (:mod:`.lease`), and a run whose lease
+lapsed concludes nothing (``LeaseLapsed``).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import sys
 import time
 from typing import Final
 
-from async_task_api_worker.conclusion import Conclusion, Failure
+from async_task_api_worker.conclusion import Conclusion, Failure, LeaseLapsed
 from async_task_api_worker.context import progress_sink_of
 from async_task_api_worker.definition import TaskDefinition
 from async_task_api_worker.errors import IsolatedTaskError
@@ -48,8 +50,9 @@ from async_task_api_worker.executors.process.group import (
     signal_name,
     spawn_in_new_session,
 )
+from async_task_api_worker.executors.process.lease import RENEWAL, Grant, LeaseKeeper
 from async_task_api_worker.executors.process.output import OutputTail
-from async_task_api_worker.ports import ExecutionRequest
+from async_task_api_worker.ports import ExecutionRequest, Lease
 from async_task_api_worker.protocol.codes import ErrorCode
 from async_task_api_worker.task_call import (
     conclude_error,
@@ -79,12 +82,19 @@ class ProcessExecutor:
         use_fork_server: fork children from a fork server (default); ``False`` spawns a fresh
             interpreter per task.
         output_tail_bytes: bytes of the child's stdout and of its stderr kept for the log.
+        lease: the lease each child's group holds (``None``: none; the runtime gives one).
     """
 
     def __init__(
-        self, task: TaskDefinition, *, use_fork_server: bool = True, output_tail_bytes: int = 16384
+        self,
+        task: TaskDefinition,
+        *,
+        use_fork_server: bool = True,
+        output_tail_bytes: int = 16384,
+        lease: Lease | None = None,
     ) -> None:
         self._task = task
+        self._keeper = LeaseKeeper(lease)
         self._use_fork_server = use_fork_server
         self._tail_bytes = output_tail_bytes
         main = sys.modules.get("__main__")
@@ -195,9 +205,10 @@ class ProcessExecutor:
             memory_limit_bytes=self._task.memory_limit_bytes,
             cpu_limit_s=self._task.cpu_limit_s,
             log_level=logging.getLogger().getEffectiveLevel(),
+            lease_s=self._keeper.expiry_s,
         )
 
-    async def execute(self, request: ExecutionRequest) -> Conclusion:
+    async def execute(self, request: ExecutionRequest) -> Conclusion | LeaseLapsed:
         """Run the handler in a child process under ``request.timeout_s``.
 
         Returns:
@@ -205,8 +216,16 @@ class ProcessExecutor:
             conclude: ``TASK_TIMEOUT`` at the deadline (the child's group killed),
             ``WORKER_CRASHED`` for a child killed by a signal the SDK did not send, and
             ``INVALID_RESULT`` (``RESULT_TOO_LARGE`` for a too large one) for a child that
-            ended without a valid outcome or broke its channel.
+            ended without a valid outcome or broke its channel. ``LeaseLapsed`` instead of any
+            of them when the child's lease lapsed before the worker saw the run end.
         """
+        grant = self._keeper.grant()
+        try:
+            return await self._execute(request, grant)
+        finally:
+            self._keeper.release(grant)
+
+    async def _execute(self, request: ExecutionRequest, grant: Grant) -> Conclusion | LeaseLapsed:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + request.timeout_s
         ours, theirs = socket.socketpair()
@@ -223,7 +242,7 @@ class ProcessExecutor:
                 stderr.close_write_end()
             stdout.start()
             stderr.start()
-            conversation = asyncio.ensure_future(self._converse(ours, request, child))
+            conversation = asyncio.ensure_future(self._converse(ours, request, child, grant))
             exited = asyncio.ensure_future(_settled(child.exited))
             try:
                 done, _ = await asyncio.wait(
@@ -238,9 +257,11 @@ class ProcessExecutor:
                         {conversation}, timeout=min(ANSWER_GRACE_S, deadline - loop.time())
                     )
                     if not done:
-                        conversation.cancel()
+                        conversation.cancel()  # its end ends the grant: the run's end is known
                         with contextlib.suppress(asyncio.CancelledError, Exception):
                             await conversation
+                        if grant.lapsed:
+                            return LeaseLapsed()
                         output_level = logging.WARNING
                         return _exit_failure(child, exited.result())
             except asyncio.CancelledError:
@@ -252,50 +273,50 @@ class ProcessExecutor:
                 conversation.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await conversation
-                return timed_out(request.timeout_s)
+                return LeaseLapsed() if grant.lapsed else timed_out(request.timeout_s)
             conclusion, ended_without_result = conversation.result()
             if ended_without_result:
                 # Its output is the best clue to why it died (a fatal error, a C library).
                 output_level = logging.WARNING
             return conclusion
         finally:
-            await self._clean_up(child, ours, stdout, stderr, request.task_id, output_level)
-
-    async def _clean_up(  # noqa: PLR0917 - private, called once
-        self,
-        child: TaskProcess | None,
-        ours: socket.socket,
-        stdout: OutputTail,
-        stderr: OutputTail,
-        task_id: str,
-        output_level: int,
-    ) -> None:
-        ours.close()
-        tails = (stdout, stderr)
-        await end_group(child, tails)
-        log_tails(tails, task_id=task_id, level=output_level, logger=_logger)
+            ours.close()
+            await end_group(child, (stdout, stderr))
+            log_tails((stdout, stderr), task_id=request.task_id, level=output_level, logger=_logger)
 
     async def _converse(
-        self, ours: socket.socket, request: ExecutionRequest, child: TaskProcess
-    ) -> tuple[Conclusion, bool]:
+        self, ours: socket.socket, request: ExecutionRequest, child: TaskProcess, grant: Grant
+    ) -> tuple[Conclusion | LeaseLapsed, bool]:
         """The child's conclusion, and whether the child ended without one of its own."""
         reader, writer = await asyncio.open_unix_connection(sock=ours)
+        broken: ChannelError | None = None
         try:
-            conclusion = await self._exchange(reader, writer, request)
+            conclusion = await self._exchange(reader, writer, request, child, grant)
         except ChannelError as exc:
             child.kill()
-            code = ErrorCode.RESULT_TOO_LARGE if exc.too_large else ErrorCode.INVALID_RESULT
-            what = "answer is too large" if exc.too_large else "process broke its result channel"
-            return _no_result(code, f"the task's {what}: {exc}"), True
+            conclusion, broken = None, exc
         finally:
+            self._keeper.release(grant)  # the answer, or the channel's end, is known now
             writer.close()
+        if grant.lapsed:  # whatever it concluded is void
+            return LeaseLapsed(), False
+        if broken is not None:
+            large = broken.too_large
+            code = ErrorCode.RESULT_TOO_LARGE if large else ErrorCode.INVALID_RESULT
+            what = "answer is too large" if large else "process broke its result channel"
+            return _no_result(code, f"the task's {what}: {broken}"), True
         if conclusion is None:
             return await self._no_answer(child), True
         await child.reap(EXIT_GRACE_S)
         return conclusion, False
 
     async def _exchange(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, request: ExecutionRequest
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        request: ExecutionRequest,
+        child: TaskProcess,
+        grant: Grant,
     ) -> Conclusion | None:
         """Send the request, relay progress and logs; the outcome, or ``None`` without one.
 
@@ -303,8 +324,15 @@ class ProcessExecutor:
             ChannelError: the child sent a message that breaks the channel's rules.
         """
         sink = progress_sink_of(request.context)
+
+        def renew() -> None:
+            if writer.is_closing():
+                raise ConnectionResetError("the channel is closed")
+            writer.write(RENEWAL)  # behind the request: the channel keeps the order
+
         try:
             writer.write(encode_frame(self._request(request).to_json()))
+            grant.start(renew, child.kill)
             await writer.drain()
             while True:
                 frame = await read_frame(reader, MAX_CHILD_FRAME_BYTES)
@@ -330,7 +358,8 @@ class ProcessExecutor:
         return _exit_failure(child, code)
 
     async def aclose(self) -> None:
-        """Stop the fork server (the groups of its tasks are killed with it)."""
+        """Stop renewing leases and stop the fork server (its tasks' groups are killed with it)."""
+        await self._keeper.aclose()
         if self._restarting is not None and not self._restarting.done():
             self._restarting.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):

@@ -172,6 +172,11 @@ class InMemoryTransport:
     # ------------------------------------------------------------------ the Transport
 
     @property
+    def holding(self) -> bool:
+        """Always: nothing can take a delivery away from its worker here."""
+        return True
+
+    @property
     def consuming(self) -> bool:
         """Whether :meth:`deliveries` is handing out messages (between connect and stop)."""
         return self._consuming

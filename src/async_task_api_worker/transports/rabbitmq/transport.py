@@ -144,18 +144,21 @@ class RabbitMQTransport:
         return self._consumer.connected
 
     @property
-    def consuming(self) -> bool:
-        """Whether the consumer is active on a connection known to be alive.
+    def holding(self) -> bool:
+        """Whether the consume channel is open on a connection known to be alive.
 
         ``False`` while reconnecting, and once a heartbeat has passed without a frame from the
-        broker. The consumer starts again before the channel counts as open again.
+        broker; ``True`` during a drain. Its deliveries are still this worker's meanwhile.
         """
-        return (
-            self._consumer.alive
-            and self._watch.open
-            and self._tasks_consumer.tag is not None
-            and not self._watch.stopping
-        )
+        return self._consumer.alive and self._watch.open
+
+    @property
+    def consuming(self) -> bool:
+        """Whether the transport holds (:attr:`holding`) and its consumer is active.
+
+        The consumer starts again before the channel counts as open again.
+        """
+        return self.holding and self._tasks_consumer.tag is not None and not self._watch.stopping
 
     @property
     def publishing_blocked(self) -> bool:

@@ -124,10 +124,18 @@ class SqsSfnTransport:
     # ------------------------------------------------------------------ what the engine reads
 
     @property
+    def holding(self) -> bool:
+        """Whether the last receive went through, if any (a drain included).
+
+        A message handed in by ``sfn.Worker.handle_message``, with no receive of the
+        transport's own, is held too.
+        """
+        return self._receiver is None or self._receiver.ok
+
+    @property
     def consuming(self) -> bool:
         """Whether the poll loop runs and its last receive went through (readiness)."""
-        receiving_ok = self._receiver is None or self._receiver.ok
-        return self._connected and not self._stopping and receiving_ok
+        return self._connected and self.holding and not self._stopping
 
     @property
     def publishing_blocked(self) -> bool:
