@@ -6,9 +6,9 @@ and 4.3) get nodes of the suite's own, on free ports and with unique names (``te
 broker on 5672 only ever gets vhosts of the suite's own. RabbitMQ 4.0 runs from the Debian 13
 root, 4.3 from the Debian sid root (``python scripts/rabbitmq_nodes.py root [--version 4.3]``),
 built the first time it is needed; where it cannot be built those cases skip, except under
-``CI=true``, where they fail. The 4.0 and 4.3 rows (marked ``faults4``) run only when ``-m``
-names that mark (``.ci/run`` runs them beside its 4.0 and 4.3 passes): the README's run must
-stay under 10 minutes.
+``CI=true``, where they fail. The 4.0 and 4.3 rows (marked ``faults4``) and the kill storms
+(marked ``storms``) run only when ``-m`` names that mark (``.ci/run`` runs them beside its 4.0
+and 4.3 passes): the README's run must stay under 10 minutes.
 
 The cases run one after another, on one xdist worker (the group ``faults``, ``tests/conftest.py``),
 so that no two of them measure under each other's load. Each case adds a row to the fault table,
@@ -37,14 +37,15 @@ from tests.ports import free_port, node_name, node_port
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark the suite's cases; leave out the on-demand rows unless ``-m`` names them."""
-    asked = ON_DEMAND_MARK in (config.getoption("markexpr", "") or "")
+    """Mark the suite's cases; leave out the on-demand rows unless ``-m`` names their mark."""
+    expression = config.getoption("markexpr", "") or ""
+    not_asked = [mark for mark in ON_DEMAND_MARKS if mark not in expression]
     kept, left_out = [], []
     for item in items:
         if Path(str(item.fspath)).is_relative_to(Path(__file__).parent):
             item.add_marker(pytest.mark.integration)
             item.add_marker(pytest.mark.faults)
-            if not asked and item.get_closest_marker(ON_DEMAND_MARK) is not None:
+            if any(item.get_closest_marker(mark) is not None for mark in not_asked):
                 left_out.append(item)
                 continue
         kept.append(item)
@@ -186,6 +187,9 @@ def own_node(version: str, **spec: Any) -> Iterator[Broker]:
 #: 4.3 pass: the README's run must stay under 10 minutes on two cores.
 ON_DEMAND = frozenset({"4.0", "4.3"})
 ON_DEMAND_MARK = "faults4"
+#: The marks of the rows that run only when ``-m`` names them: the 4.x rows, and the kill
+#: storms and freezes of issue 30 (``-m storms``), which take minutes each.
+ON_DEMAND_MARKS = (ON_DEMAND_MARK, "storms")
 
 
 def on_versions(*versions: str, **spec: Any) -> list[Any]:
