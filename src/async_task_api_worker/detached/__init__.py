@@ -13,8 +13,8 @@ Kubernetes Job, a handler that must return in seconds):
 ``docs/detached.md`` has the budget arithmetic and deployment examples.
 """
 
+from async_task_api_worker.detached.marker import Marker
 from async_task_api_worker.detached.spawn import spawn_detached
-from async_task_api_worker.detached.state import Marker
 from async_task_api_worker.detached.sweep import SweepReport, Undeliverable, in_flight, sweep
 
 __all__ = ["Marker", "SweepReport", "Undeliverable", "in_flight", "spawn_detached", "sweep"]

@@ -3,11 +3,13 @@
 A result file is the one conclusion JSON (``conclusion.conclusion_to_json``) with the
 correlation id and the task's ``meta``, whoever writes it: the worker or a sweep (seed 002,
 "Per-tick sweep"). A worker still running at its deadline is ``TASK_TIMEOUT`` in the task
-call's words (``task_call.task_timeout``).
+call's words (``task_call.task_timeout``). The sweep that first sends a result adds its
+report's timestamp (``REPORT_TIMESTAMP``): sent again, the report is the same bytes.
 """
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final
 
@@ -17,17 +19,22 @@ from async_task_api_worker.conclusion import (
     conclusion_from_json,
     conclusion_to_json,
 )
-from async_task_api_worker.detached.state import INPUT_SUFFIX, Clocks, Marker, read_json
+from async_task_api_worker.detached.marker import Marker
+from async_task_api_worker.detached.state import INPUT_SUFFIX, Clocks, read_json
 from async_task_api_worker.protocol.codes import ErrorCode
+from async_task_api_worker.protocol.reports import format_timestamp
 from async_task_api_worker.task_call import task_timeout
 
 __all__ = [
     "DETACHED_CODES",
     "RECOVERED_META",
+    "REPORT_TIMESTAMP",
     "detached_conclusion",
     "expiry",
     "recovered_meta",
+    "report_made_at",
     "result_file",
+    "stamp_report",
 ]
 
 #: The fields of ``<id>.input``'s ``context`` (``tick``'s) recovered as a lost marker's meta.
@@ -43,6 +50,31 @@ def recovered_meta(state_dir: Path, correlation_id: str) -> dict[str, Any]:
     if not isinstance(context, dict):
         return {}
     return {key: context[key] for key in RECOVERED_META if key in context}
+
+
+#: The key of a result file that holds its report's timestamp (the protocol's form, UTC).
+REPORT_TIMESTAMP: Final = "report_timestamp"
+
+
+def stamp_report(result: dict[str, Any], wall_s: float) -> bool:
+    """Give ``result`` its report's timestamp unless it has one; whether it was given one.
+
+    ``wall_s``: the wall clock, seconds since the epoch.
+    """
+    if REPORT_TIMESTAMP in result:
+        return False
+    result[REPORT_TIMESTAMP] = format_timestamp(datetime.fromtimestamp(wall_s, UTC))
+    return True
+
+
+def report_made_at(result: dict[str, Any]) -> datetime | None:
+    """The report timestamp ``result`` holds, or ``None`` (none, or not a UTC time)."""
+    value = result.get(REPORT_TIMESTAMP)
+    try:
+        moment = datetime.fromisoformat(value) if isinstance(value, str) else None
+    except ValueError:
+        return None
+    return moment if moment is not None and moment.tzinfo is not None else None
 
 
 def result_file(

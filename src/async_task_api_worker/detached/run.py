@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from async_task_api_worker.conclusion import Conclusion
+from async_task_api_worker.detached.claims import claim, process_start_time
+from async_task_api_worker.detached.marker import Marker
 from async_task_api_worker.detached.outcomes import result_file
 from async_task_api_worker.detached.state import (
     DONE_SUFFIX,
@@ -30,9 +32,6 @@ from async_task_api_worker.detached.state import (
     RESULT_SUFFIX,
     SYSTEM_CLOCKS,
     Clocks,
-    Marker,
-    claim,
-    process_start_time,
     read_json,
     write_atomically,
 )

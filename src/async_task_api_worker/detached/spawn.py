@@ -1,11 +1,16 @@
 """Handing work to a detached worker (seed 002, "Detached worker").
 
-:func:`spawn_detached` writes the message and the in-flight marker (the durable receipt: after
-it, the caller may ack its input), then starts ``python -m async_task_api_worker.detached`` in a
-new session, with no inherited pipe: a kill of the caller's process group (a cron's budget kill)
-cannot take it down. The worker records its own pid, start time and boot id in the marker, runs
-the handler, writes the result file, then removes the marker. If the worker cannot be started,
-the work runs here, synchronously, as the seed's fallback says: late, but never dropped.
+:func:`spawn_detached` hands the work out with one atomic write, then starts
+``python -m async_task_api_worker.detached`` in a new session, with no inherited pipe: a kill of
+the caller's process group (a cron's budget kill) cannot take it down. The message is staged
+under a temporary name first; the in-flight marker's write is the commit (the durable receipt:
+after it, the caller may ack its input, ``state.handed_out``); the message is put in place
+right after it. Killed before the commit, the caller leaves the work not handed out (a temporary
+file at most, which a sweep removes): its input comes back and runs again. Killed after it, the
+caller leaves a marker a sweep concludes: the worker's result, or ``WORKER_DIED`` at the
+deadline. The worker records its own pid, start time and boot id in the marker, runs the
+handler, writes the result file, then removes the marker. If the worker cannot be started, the
+work runs here, synchronously, as the seed's fallback says: late, but never dropped.
 """
 
 from __future__ import annotations
@@ -19,12 +24,14 @@ import sys
 from pathlib import Path
 from typing import Any, Final
 
+from async_task_api_worker.detached.marker import Marker
 from async_task_api_worker.detached.run import run_work
 from async_task_api_worker.detached.state import (
     DONE_SUFFIX,
     INPUT_SUFFIX,
     MARKER_SUFFIX,
-    Marker,
+    place,
+    stage,
     write_atomically,
 )
 from async_task_api_worker.protocol.envelope import ID_PATTERN
@@ -86,10 +93,18 @@ def spawn_detached(
     state_dir = Path(state_dir)
     state_dir.mkdir(parents=True, exist_ok=True)
     marker = Marker.new(correlation_id, deadline_s, meta or {})
-    write_atomically(state_dir / f"{correlation_id}{INPUT_SUFFIX}", json.dumps(message).encode())
-    write_atomically(state_dir / f"{correlation_id}{MARKER_SUFFIX}", marker.to_json())
     # New work under an id reported before: its one-outcome record is the old work's, not this.
+    # Removed before the commit, so that no sweep takes the new marker for a reported task's.
     (state_dir / f"{correlation_id}{DONE_SUFFIX}").unlink(missing_ok=True)
+    input_path = state_dir / f"{correlation_id}{INPUT_SUFFIX}"
+    staged = stage(input_path, json.dumps(message).encode())
+    try:
+        # The commit: from here on the work is handed out, and a sweep concludes it.
+        write_atomically(state_dir / f"{correlation_id}{MARKER_SUFFIX}", marker.to_json())
+    except BaseException:
+        staged.unlink(missing_ok=True)
+        raise
+    place(staged, input_path)
     argv = [
         sys.executable,
         "-c",

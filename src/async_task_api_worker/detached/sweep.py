@@ -6,9 +6,11 @@ of one directory are safe: each file is claimed by an atomic rename before it is
 the sweep whose rename succeeded delivers it.
 
 One outcome per id: a sweep that sent one leaves ``<id>.done``, and drops a later one with a
-WARNING. Deadlines are on the boot clock (see ``state``). An unreadable file is moved to
-``bad/`` with an ERROR line and counted (``worker_detached_unreadable_files_total``), and the
-task its name gives gets ``WORKER_DIED``: at once for a result; for a marker, at
+WARNING. A file claimed by a sweep (or a worker) that died before it was done with it is taken
+over as soon as that process is known dead (:mod:`.claims`); other leftovers are removed
+(:mod:`.leftovers`). Deadlines are on the boot clock (see ``state``). An unreadable file is
+moved to ``bad/`` with an ERROR line and counted (``worker_detached_unreadable_files_total``),
+and the task its name gives gets ``WORKER_DIED``: at once for a result; for a marker, at
 ``fallback_deadline_s`` after the file's last write, unless its worker's result comes first.
 A result the sweep makes for an expired marker carries ``"expired": true``.
 
@@ -30,9 +32,16 @@ from pathlib import Path
 from typing import Any, Final
 
 from async_task_api_worker.conclusion import Failure
-from async_task_api_worker.detached.outcomes import expiry, recovered_meta, result_file
+from async_task_api_worker.detached.claims import CLAIMED, claim, claimed_name
+from async_task_api_worker.detached.leftovers import abandoned_claims, drop_leftovers
+from async_task_api_worker.detached.marker import Marker
+from async_task_api_worker.detached.outcomes import (
+    expiry,
+    recovered_meta,
+    result_file,
+    stamp_report,
+)
 from async_task_api_worker.detached.state import (
-    CLAIMED,
     DONE_RETENTION_S,
     DONE_SUFFIX,
     INPUT_SUFFIX,
@@ -40,8 +49,7 @@ from async_task_api_worker.detached.state import (
     RESULT_SUFFIX,
     SYSTEM_CLOCKS,
     Clocks,
-    Marker,
-    claim,
+    aside_for,
     move_aside,
     read_json,
     write_atomically,
@@ -50,13 +58,9 @@ from async_task_api_worker.observability.metrics import DETACHED_UNREADABLE_FILE
 from async_task_api_worker.protocol.codes import ErrorCode
 from async_task_api_worker.protocol.envelope import ID_PATTERN
 
-__all__ = ["STALE_CLAIM_S", "SweepReport", "Undeliverable", "in_flight", "prune_done", "sweep"]
+__all__ = ["SweepReport", "Undeliverable", "in_flight", "prune_done", "sweep"]
 
 _logger = logging.getLogger("async_task_api_worker.detached")
-
-#: A claimed file still there after this many seconds belongs to a sweep that was killed
-#: between its send and its delete: it is delivered again (a duplicate, by design).
-STALE_CLAIM_S: Final = 300.0
 
 SendResult = Callable[[str, dict[str, Any]], object]
 
@@ -91,9 +95,13 @@ def in_flight(state_dir: Path) -> bool:
     return any(Path(state_dir).glob(f"*{MARKER_SUFFIX}"))
 
 
+def _name(path: Path) -> str:
+    """The state file's name, its claim left off."""
+    return path.name.split(CLAIMED, 1)[0]
+
+
 def _correlation_id(path: Path, suffix: str) -> str:
-    name = path.name.split(CLAIMED, 1)[0]
-    return name[: -len(suffix)]
+    return _name(path)[: -len(suffix)]
 
 
 def _forget(state_dir: Path, correlation_id: str) -> None:
@@ -126,20 +134,21 @@ def sweep(
     Returns:
         What was delivered, expired, moved aside and dropped.
 
-    Duplicates are possible (a kill between the send and the delete): results carry their
+    A sweep killed between a send and its record (``<id>.done``) leaves its claim: the next
+    sweep sends the same result again, its ``report_timestamp`` included. Results carry their
     correlation id, so make the receiver idempotent on it.
     """
     state_dir = Path(state_dir)
     run = _Sweep(state_dir, send_result, clocks, fallback_deadline_s)
     if not state_dir.is_dir():
         return run.report
-    results = sorted(state_dir.glob(f"*{RESULT_SUFFIX}")) + _stale(run, RESULT_SUFFIX)
-    for path in results:
+    results = sorted(state_dir.glob(f"*{RESULT_SUFFIX}"))
+    for path in results + abandoned_claims(state_dir, RESULT_SUFFIX, clocks):
         _deliver(run, path)
-    markers = sorted(state_dir.glob(f"*{MARKER_SUFFIX}")) + _stale(run, MARKER_SUFFIX)
-    for path in markers:
+    markers = sorted(state_dir.glob(f"*{MARKER_SUFFIX}"))
+    for path in markers + abandoned_claims(state_dir, MARKER_SUFFIX, clocks):
         _expire(run, path)
-    _drop_stale_temporaries(run)
+    drop_leftovers(state_dir, clocks)
     prune_done(state_dir, wall_clock=clocks.wall)
     return run.report
 
@@ -156,28 +165,6 @@ def prune_done(state_dir: Path, *, wall_clock: Callable[[], float] = time.time) 
     return pruned
 
 
-def _older_than(path: Path, age_s: float, clocks: Clocks) -> bool:
-    try:
-        return clocks.wall() - path.stat().st_mtime > age_s
-    except OSError:  # another sweep took it meanwhile
-        return False
-
-
-def _stale(run: _Sweep, suffix: str) -> list[Path]:
-    """Files claimed by a sweep (or a worker) that died before it finished with them."""
-    return [
-        path
-        for path in sorted(run.state_dir.glob(f"*{suffix}{CLAIMED}*"))
-        if _older_than(path, STALE_CLAIM_S, run.clocks)
-    ]
-
-
-def _drop_stale_temporaries(run: _Sweep) -> None:
-    for path in run.state_dir.glob(".*.tmp"):  # a writer killed before its rename
-        if _older_than(path, STALE_CLAIM_S, run.clocks):
-            path.unlink(missing_ok=True)
-
-
 def _reported(state_dir: Path, correlation_id: str) -> bool:
     return (state_dir / f"{correlation_id}{DONE_SUFFIX}").exists()
 
@@ -190,10 +177,9 @@ def _mark_reported(state_dir: Path, correlation_id: str) -> None:
 
 
 def _drop_late(run: _Sweep, claimed: Path, correlation_id: str) -> None:
-    name = claimed.name.split(CLAIMED, 1)[0]
-    _logger.warning("Dropped %s: a later outcome for an already reported task", name)
-    claimed.unlink(missing_ok=True)
+    _logger.warning("Dropped %s: a later outcome for an already reported task", _name(claimed))
     _forget(run.state_dir, correlation_id)
+    claimed.unlink(missing_ok=True)
     run.report.dropped.append(correlation_id)
 
 
@@ -215,14 +201,11 @@ def _send(
     return True
 
 
-def _unreadable(run: _Sweep, path: Path, name: str, kind: str, why: str) -> Path | None:
-    """Move an unreadable file aside (ERROR line) and count it; ``None`` if it was gone."""
-    moved = move_aside(path, why, what=f"Unreadable {kind}")
-    if moved is None:
-        return None
-    run.report.moved_aside.append(name)
-    DETACHED_UNREADABLE_FILES.labels(kind).inc()
-    return moved
+def _unreadable(run: _Sweep, path: Path, name: str, kind: str, why: str, *, to: Path) -> None:
+    """Move an unreadable file to ``to`` in ``bad/`` (ERROR line) and count it."""
+    if move_aside(path, why, what=f"Unreadable {kind}", to=to) is not None:
+        run.report.moved_aside.append(name)
+        DETACHED_UNREADABLE_FILES.labels(kind).inc()
 
 
 def _reportable(run: _Sweep, correlation_id: str, name: str) -> bool:
@@ -244,47 +227,55 @@ def _deliver(run: _Sweep, path: Path) -> None:
     except FileNotFoundError:
         return
     except (OSError, ValueError) as exc:
-        if _replace_result(run, claimed, path.name, correlation_id, str(exc)):
+        if _replace_result(run, claimed, _name(path), correlation_id, str(exc)):
             _deliver(run, original)
         return
     if _reported(run.state_dir, correlation_id):
         _drop_late(run, claimed, correlation_id)
         return
+    if stamp_report(result, run.clocks.wall()):  # made once: sent again, the same report
+        try:
+            write_atomically(claimed, json.dumps(result).encode())
+        except OSError:
+            _logger.exception("Could not record the report timestamp of %s", correlation_id)
     if not _send(run, claimed, original, correlation_id=correlation_id, result=result):
         return
-    claimed.unlink(missing_ok=True)
     with contextlib.suppress(FileNotFoundError):
         (run.state_dir / f"{correlation_id}{MARKER_SUFFIX}").unlink()
     _forget(run.state_dir, correlation_id)
-    run.report.delivered.append(correlation_id)
+    claimed.unlink(missing_ok=True)  # last: a sweep killed before it leaves a claim, taken over
+    (run.report.expired if result.get("expired") else run.report.delivered).append(correlation_id)
 
 
 def _replace_result(run: _Sweep, claimed: Path, name: str, correlation_id: str, why: str) -> bool:
-    """Move an unreadable result aside; put a ``WORKER_DIED`` failure in its place if needed.
+    """Put a ``WORKER_DIED`` failure in place of an unreadable result if needed; move it aside.
 
-    Its outcome is lost: its task must hear something, unless it was reported already.
+    Its outcome is lost: its task must hear something, unless it was reported already. The
+    failure is written first: a sweep killed in between leaves both, never neither.
     """
-    moved = _unreadable(run, claimed, name, "result", why)
+    bad = aside_for(claimed)
     original = run.state_dir / f"{correlation_id}{RESULT_SUFFIX}"
-    if moved is None or not _reportable(run, correlation_id, name) or original.exists():
-        return False
-    why = f"the detached worker's result could not be read (kept as bad/{moved.name})"
-    meta = recovered_meta(run.state_dir, correlation_id)
-    failure = result_file(correlation_id, Failure(ErrorCode.WORKER_DIED, why), meta)
-    try:
-        write_atomically(original, json.dumps(failure).encode())
-    except OSError:
-        _logger.exception("Could not write the failure of %s", correlation_id)
-        return False
-    return True
+    written = False
+    if _reportable(run, correlation_id, name) and not original.exists():
+        why_lost = f"the detached worker's result could not be read (kept as bad/{bad.name})"
+        meta = recovered_meta(run.state_dir, correlation_id)
+        failure = result_file(correlation_id, Failure(ErrorCode.WORKER_DIED, why_lost), meta)
+        try:
+            write_atomically(original, json.dumps(failure).encode())
+            written = True
+        except OSError:
+            _logger.exception("Could not write the failure of %s", correlation_id)
+    _unreadable(run, claimed, name, "result", why, to=bad)
+    return written
 
 
 def _replace_marker(run: _Sweep, path: Path, why: str) -> tuple[Path, Marker] | None:
-    """Move an unreadable marker aside, and write a readable one for its task in its place.
+    """Write a readable marker in place of an unreadable one, then move that one aside.
 
     Its start: the bad file's last write; its deadline: ``fallback_deadline_s`` after it; its
     meta: what ``<id>.input`` holds. Its worker, if it runs, reports before (its own deadline
-    comes first); if it does not, the sweep reports ``WORKER_DIED`` at that deadline.
+    comes first); if it does not, the sweep reports ``WORKER_DIED`` at that deadline. The bad
+    file is claimed meanwhile: a sweep killed in between leaves a claim, taken over.
     """
     correlation_id = _correlation_id(path, MARKER_SUFFIX)
     try:
@@ -293,32 +284,36 @@ def _replace_marker(run: _Sweep, path: Path, why: str) -> tuple[Path, Marker] | 
         return None
     except OSError:
         written_at = run.clocks.wall()
-    moved = _unreadable(run, path, path.name, "marker", why)
-    if moved is None or not _reportable(run, correlation_id, path.name):
-        return None
+    claimed = claim(path)
+    if claimed is None:
+        return None  # another sweep has it
+    bad = aside_for(claimed)
     target = run.state_dir / f"{correlation_id}{MARKER_SUFFIX}"
-    if target.exists():
-        return None  # another sweep replaced it already
-    marker = Marker.handed_out(
-        correlation_id,
-        run.fallback_deadline_s,
-        recovered_meta(run.state_dir, correlation_id),
-        # The file's age, from the wall clock (all there is), carried onto the boot clock.
-        age_s=max(0.0, run.clocks.wall() - written_at),
-        clocks=run.clocks,
-        recovered_from=moved.name,
-    )
-    try:
-        write_atomically(target, marker.to_json())
-    except OSError:
-        _logger.exception("Could not replace the unreadable marker of %s", correlation_id)
-        return None
-    _logger.warning(
-        "Marker %s replaced: WORKER_DIED at %s unless its worker's result comes first",
-        correlation_id,
-        marker.deadline_at,
-    )
-    return target, marker
+    replaced = None
+    # Not if another marker is there already (a replacement a killed sweep wrote).
+    if _reportable(run, correlation_id, _name(path)) and not target.exists():
+        marker = Marker.handed_out(
+            correlation_id,
+            run.fallback_deadline_s,
+            recovered_meta(run.state_dir, correlation_id),
+            # The file's age, from the wall clock (all there is), carried onto the boot clock.
+            age_s=max(0.0, run.clocks.wall() - written_at),
+            clocks=run.clocks,
+            recovered_from=bad.name,
+        )
+        try:
+            write_atomically(target, marker.to_json())
+        except OSError:
+            _logger.exception("Could not replace the unreadable marker of %s", correlation_id)
+        else:
+            replaced = target, marker
+            _logger.warning(
+                "Marker %s replaced: WORKER_DIED at %s unless its worker's result comes first",
+                correlation_id,
+                marker.deadline_at,
+            )
+    _unreadable(run, claimed, _name(path), "marker", why, to=bad)
+    return replaced
 
 
 def _restart(run: _Sweep, path: Path, marker: Marker) -> None:
@@ -368,8 +363,15 @@ def _expire(run: _Sweep, path: Path) -> None:
     _logger.warning("Marker %s expired: %s", correlation_id, failure.code)
     # "expired": the sweep made this result, not the worker (the tick's decision line says so).
     result = {**result_file(correlation_id, failure, marker.meta), "expired": True}
-    if not _send(run, claimed, original, correlation_id=correlation_id, result=result):
+    # Written as a result this sweep holds before the marker goes, and sent as one: a sweep
+    # killed after its send sends the same report again, never another expiry.
+    held = claimed_name(run.state_dir / f"{correlation_id}{RESULT_SUFFIX}")
+    try:
+        write_atomically(held, json.dumps(result).encode())
+    except OSError:
+        _logger.exception("Could not write the expiry of %s", correlation_id)
+        with contextlib.suppress(OSError):
+            os.rename(claimed, original)  # for a later sweep
         return
     claimed.unlink(missing_ok=True)
-    _forget(run.state_dir, correlation_id)
-    run.report.expired.append(correlation_id)
+    _deliver(run, held)

@@ -37,15 +37,9 @@ from async_task_api_worker.conclusion import (
     HandedOff,
 )
 from async_task_api_worker.definition import Worker
-from async_task_api_worker.detached.outcomes import detached_conclusion
+from async_task_api_worker.detached.outcomes import detached_conclusion, report_made_at
 from async_task_api_worker.detached.spawn import spawn_detached
-from async_task_api_worker.detached.state import (
-    CLAIMED,
-    DONE_SUFFIX,
-    INPUT_SUFFIX,
-    MARKER_SUFFIX,
-    RESULT_SUFFIX,
-)
+from async_task_api_worker.detached.state import handed_out
 from async_task_api_worker.detached.sweep import SweepReport, Undeliverable, sweep
 from async_task_api_worker.engine.decision import Reason
 from async_task_api_worker.engine.engine import Engine
@@ -184,18 +178,12 @@ class DetachedExecutor:
         return HandedOff()
 
     def handed_out(self, task_id: str) -> bool:
-        """Whether ``task_id`` was handed out already.
+        """Whether ``task_id`` was handed out already (``state.handed_out``: the one test).
 
-        Any state file of the task says so: its input, its marker or its result, claimed by a
-        sweep in flight or not (a sweep sending its result right now), or its ``.done``.
+        Its marker, its result (claimed by a sweep in flight or not) or its ``.done``. What a
+        hand-out killed before its commit left (a temporary file) is not: the task runs again.
         """
-        for suffix in (INPUT_SUFFIX, MARKER_SUFFIX, RESULT_SUFFIX, DONE_SUFFIX):
-            name = f"{task_id}{suffix}"
-            # The exact name, or its claimed form: an id may hold dots, and "t.json*" would also
-            # match the files of a task "t.json-b".
-            if (self._state_dir / name).exists() or any(self._state_dir.glob(f"{name}{CLAIMED}*")):
-                return True
-        return False
+        return handed_out(self._state_dir, task_id)
 
 
 def _meta(fields: TaskFields) -> dict[str, Any]:
@@ -227,7 +215,7 @@ async def _report_swept(
     except (TypeError, ValueError) as exc:
         raise Undeliverable(f"meta that cannot be read ({type(exc).__name__})") from exc
     return await engine.report_swept(
-        Swept(detached_conclusion(result), reason),
+        Swept(detached_conclusion(result), reason, report_made_at(result)),
         via=via,
         task_id=str(meta["task_id"]),
         client_id=None if client_id is None else str(client_id),

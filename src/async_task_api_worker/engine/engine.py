@@ -216,7 +216,8 @@ class Engine:
         ``reason``) and the metrics. ``client_id`` is ``None`` and ``delivery_limit`` is
         ``None`` (the queue's own) when the task's marker was lost. ``via`` is the
         transport's delivery that reports and settles nothing
-        (``RabbitMQTransport.report_only``): its delivery was acked at hand-off.
+        (``RabbitMQTransport.report_only``): its delivery was acked at hand-off. The report's
+        timestamp is ``swept.made_at`` where given.
 
         Returns:
             ``success`` or ``failure`` once the report is confirmed, else ``publish_failed``.
@@ -229,6 +230,8 @@ class Engine:
         if delivery_limit is not None:
             run.limit = delivery_limit
         run.seq = 1  # after the ``started`` report of the hand-off
+        if (made_at := swept.made_at) is not None:
+            run.wall_clock = lambda: made_at
         return await self._settler.settle(run, await conclude(run, swept), arrived_at)
 
     def reporter_for(

@@ -11,6 +11,7 @@ settle of every face (a delivery, a give-back, a swept result) is decided here.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 from typing import TypeGuard
 
 from async_task_api_worker.conclusion import Conclusion, Failure, HandedOff, Response
@@ -91,10 +92,13 @@ class Swept:
     """A task's conclusion collected after its delivery was settled (the tick's sweep).
 
     Its report is owed as for any conclusion, never retried; nothing is settled (``none``).
+    ``made_at``: the report's timestamp, when a sweep first made it (the state keeps it): sent
+    again after a killed sweep, the report is then the same bytes under the same message id.
     """
 
     conclusion: Conclusion
     reason: Reason
+    made_at: datetime | None = None
 
 
 #: How a delivery ended, as far as the verdict needs to know.

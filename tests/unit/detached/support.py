@@ -12,7 +12,8 @@ from typing import Any
 
 from prometheus_client import REGISTRY
 
-from async_task_api_worker.detached.state import Clocks, process_start_time
+from async_task_api_worker.detached.claims import process_start_time
+from async_task_api_worker.detached.state import Clocks
 from tests.polling import wait_for
 
 HANDLERS = "tests.unit.detached.handlers"

@@ -13,13 +13,9 @@ from pathlib import Path
 import pytest
 
 from async_task_api_worker.detached import Marker, in_flight, spawn_detached, sweep
+from async_task_api_worker.detached.claims import process_start_time
 from async_task_api_worker.detached.run import watch_deadline
-from async_task_api_worker.detached.state import (
-    Clocks,
-    process_start_time,
-    read_json,
-    write_atomically,
-)
+from async_task_api_worker.detached.state import Clocks, read_json, write_atomically
 from tests.unit.detached.support import (
     HANDLERS,
     Inbox,

@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 
 from async_task_api_worker.detached import Marker, in_flight, spawn_detached, sweep
-from async_task_api_worker.detached.state import process_start_time, write_atomically
+from async_task_api_worker.detached.claims import process_start_time
+from async_task_api_worker.detached.state import write_atomically
 from tests.unit.detached.support import HANDLERS, Inbox, marker_of, wait_until
 
 

@@ -12,13 +12,9 @@ import pytest
 
 from async_task_api_worker.conclusion import Response
 from async_task_api_worker.detached import Marker, spawn_detached, sweep
+from async_task_api_worker.detached.claims import process_start_time
 from async_task_api_worker.detached.run import finish
-from async_task_api_worker.detached.state import (
-    DONE_RETENTION_S,
-    process_start_time,
-    read_json,
-    write_atomically,
-)
+from async_task_api_worker.detached.state import DONE_RETENTION_S, read_json, write_atomically
 from async_task_api_worker.detached.sweep import prune_done
 from tests.unit.detached.support import (
     HANDLERS,

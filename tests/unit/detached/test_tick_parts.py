@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -25,15 +26,22 @@ from async_task_api_worker.transports.memory import InMemoryTransport
 from examples.count_words import worker as count_words
 
 
-def test_any_state_file_of_a_task_says_it_was_handed_out(tmp_path: Path) -> None:
+def test_a_marker_a_result_or_a_done_says_handed_out_an_input_or_a_temporary_does_not(
+    tmp_path: Path,
+) -> None:
     executor = DetachedExecutor(tmp_path, "m:worker")
     assert not executor.handed_out("t-1")
-    for name in ("t-1.input", "t-1.running", "t-1.json#claimed-0a1b", "t-1.done"):
+    # What a hand-out cut before its commit leaves: the work runs again.
+    for name in ("t-1.input", ".t-1.input.1-2-boot.0a1b.tmp", ".t-1.running.1-2-boot.0a1b.tmp"):
+        (tmp_path / name).touch()
+        assert not executor.handed_out("t-1"), name
+        (tmp_path / name).unlink()
+    for name in ("t-1.running", "t-1.running#claimed-0a1b", "t-1.json#claimed-0a1b", "t-1.done"):
         (tmp_path / name).touch()
         assert executor.handed_out("t-1"), name  # a claimed result: a sweep is sending it
         (tmp_path / name).unlink()
     (tmp_path / "t-10.running").touch()  # another task, whose id starts alike
-    (tmp_path / "t-1.json-b.input").touch()  # and another: "t-1.json-b" (ids may hold dots)
+    (tmp_path / "t-1.json-b.running").touch()  # and another: "t-1.json-b" (ids may hold dots)
     (tmp_path / "t-1.done-2.done").touch()
     assert not executor.handed_out("t-1")
 
@@ -46,10 +54,12 @@ class FakeEngine:
     def __init__(self) -> None:
         self.calls: list[dict[str, Any]] = []
         self.via: list[Delivery] = []
+        self.made_at: list[datetime | None] = []
 
     async def report_swept(self, swept: Swept, *, via: Delivery, **ids: Any) -> Settlement:
         self.calls.append({**ids, "reason": swept.reason})
         self.via.append(via)
+        self.made_at.append(swept.made_at)
         outcome = Outcome.SUCCESS if len(self.calls) == 1 else Outcome.PUBLISH_FAILED
         return Settlement(outcome, Action.NONE, None, ids["task_id"], 1, 7)
 
@@ -84,6 +94,18 @@ async def test_a_result_whose_state_was_lost_is_reported_under_the_queues_limit(
             "reason": "swept_result",
         }
     ]
+
+
+async def test_a_result_is_reported_with_the_timestamp_the_sweep_that_first_sent_it_kept(
+    tmp_path: Path,
+) -> None:
+    result = {"ok": True, "response": {}, "meta": {"task_id": "c-1"}}
+    result["report_timestamp"] = "2026-01-02T03:04:05.123456Z"  # a sweep killed after its send
+    write_atomically(tmp_path / "c-1.json", json.dumps(result).encode())
+    engine = FakeEngine()
+    via = InMemoryTransport().report_only()
+    await sweep_and_report(engine, "svc", tmp_path, 1.0, TickReport(), via=via)  # type: ignore[arg-type]
+    assert engine.made_at == [datetime(2026, 1, 2, 3, 4, 5, 123456, tzinfo=UTC)]
 
 
 def test_a_forged_sdk_code_in_a_result_is_an_invalid_result() -> None:

@@ -1,12 +1,17 @@
-"""An executor whose work outlives the delivery: ``started`` first, a redelivery not run again."""
+"""An executor whose work outlives the delivery: ``started`` first, a redelivery not run again,
+its result reported later (the tick's sweep)."""
 
 from __future__ import annotations
+
+from datetime import UTC, datetime
 
 from pydantic import BaseModel
 
 from async_task_api_worker import TaskContext, Worker
-from async_task_api_worker.conclusion import ExecutionResult, HandedOff
+from async_task_api_worker.conclusion import ExecutionResult, HandedOff, Response
 from async_task_api_worker.engine import Engine
+from async_task_api_worker.engine.decision import Reason
+from async_task_api_worker.engine.verdict import Swept
 from async_task_api_worker.errors import PublishError
 from async_task_api_worker.ports import Action, Delivery, ExecutionRequest, Outcome
 from async_task_api_worker.protocol import EncodedReport
@@ -124,3 +129,21 @@ async def test_a_started_that_does_not_get_out_hands_nothing_off_and_gives_the_d
     )
     assert settlement.reason == "report_held_until_consumer_timeout"
     assert executor.handed == set()
+
+
+async def test_a_result_reported_again_after_a_killed_sweep_is_the_same_report() -> None:
+    transport = InMemoryTransport()
+    engine = engine_on(transport, HandingOff(transport, set()))
+    made_at = datetime(2026, 1, 2, 3, 4, 5, 123456, tzinfo=UTC)  # when a sweep first made it
+    for _ in range(2):  # that sweep was killed after its send: the next one sends it again
+        await engine.report_swept(
+            Swept(Response({}), Reason.SWEPT_RESULT, made_at),
+            via=transport.report_only(),
+            task_id="t-1",
+            client_id="c",
+            attempt=1,
+            delivery_limit=None,
+        )
+    first, again = (published.report for published in transport.published)
+    assert first.body == again.body and first.properties == again.properties  # one message id
+    assert first.report.timestamp == "2026-01-02T03:04:05.123456Z"

@@ -5,13 +5,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
-import os
 import sys
 from collections.abc import Coroutine, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
 from async_task_api_worker.cli.loading import load_target
+from async_task_api_worker.detached.state import stage
 from async_task_api_worker.detached.tick import run_tick
 from async_task_api_worker.errors import BrokerUnavailableError, SettingsError
 from async_task_api_worker.observability.logging import configure_logging
@@ -27,9 +27,8 @@ T = TypeVar("T")
 def _check_writable(state_dir: Path) -> None:
     try:
         state_dir.mkdir(parents=True, exist_ok=True)
-        probe = state_dir / f".probe-{os.getpid()}"
-        probe.write_bytes(b"")
-        probe.unlink()
+        # A temporary file named for this process: a sweep removes it if the tick is killed here.
+        stage(state_dir / "probe", b"").unlink()
     except OSError as exc:
         raise SettingsError(
             f"--state-dir {state_dir}: cannot write there ({exc.strerror or type(exc).__name__})"
