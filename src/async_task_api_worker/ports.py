@@ -351,8 +351,9 @@ class Executor(Protocol):
         Returns:
             The call's conclusion; or ``HandedOff`` from an executor whose workers outlive the
             delivery (the ``tick`` command's detached executor, whose ``hands_off`` attribute
-            is true: it awaits ``request.started`` first, and concludes a task it handed off
-            before with ``HandedOff(already=True)``).
+            is true: it awaits ``request.started`` first; its ``handed_out(task_id) -> bool``
+            tells the engine, before admission's limits, which tasks it handed off before,
+            and those conclude as ``HandedOff(already=True)`` without a call).
         """
         ...
 

@@ -32,7 +32,6 @@ from async_task_api_worker.detached.state import (
     MARKER_SUFFIX,
     place,
     stage,
-    write_atomically,
 )
 from async_task_api_worker.protocol.envelope import ID_PATTERN
 
@@ -86,6 +85,8 @@ def spawn_detached(
     Raises:
         ValueError: ``correlation_id`` is not a safe file name (``^[A-Za-z0-9][A-Za-z0-9._:@-]
             {0,127}$``, the protocol's task id rule).
+        FileExistsError: the work of ``correlation_id`` is handed out already (its marker is
+            there): nothing was started.
         OSError: the state files could not be written (nothing was started).
     """
     if not _SAFE_ID.fullmatch(correlation_id):
@@ -99,8 +100,11 @@ def spawn_detached(
     input_path = state_dir / f"{correlation_id}{INPUT_SUFFIX}"
     staged = stage(input_path, json.dumps(message).encode())
     try:
-        # The commit: from here on the work is handed out, and a sweep concludes it.
-        write_atomically(state_dir / f"{correlation_id}{MARKER_SUFFIX}", marker.to_json())
+        # The commit: from here on the work is handed out, and a sweep concludes it. Exclusive:
+        # of two hand-outs of one work at once (a tick that lost its link, and the one that got
+        # the redelivery), one commits and the other stops here.
+        marker_path = state_dir / f"{correlation_id}{MARKER_SUFFIX}"
+        place(stage(marker_path, marker.to_json()), marker_path, exclusive=True)
     except BaseException:
         staged.unlink(missing_ok=True)
         raise

@@ -96,14 +96,22 @@ def stage(path: Path, data: bytes, *, mode: int = 0o600) -> Path:
     return temporary
 
 
-def place(staged: Path, path: Path) -> None:
+def place(staged: Path, path: Path, *, exclusive: bool = False) -> None:
     """Rename a :func:`stage`-d file over ``path``; ``fsync`` the directory (the rename lasts).
 
+    With ``exclusive``, ``path`` must not exist: the file is linked in place (one atomic step
+    that fails when the name is taken), then its staged name removed.
+
     Raises:
+        FileExistsError: ``exclusive`` and ``path`` exists (the staged file is removed).
         OSError: the rename failed (the staged file is removed).
     """
     try:
-        os.replace(staged, path)
+        if exclusive:
+            os.link(staged, path)
+            os.unlink(staged)
+        else:
+            os.replace(staged, path)
     except OSError:
         with contextlib.suppress(OSError):
             os.unlink(staged)

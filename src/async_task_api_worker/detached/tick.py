@@ -130,9 +130,9 @@ class DetachedExecutor:
     delivery), writes the task's input and in-flight marker in ``state_dir`` and starts a
     detached worker running ``target``'s task through the task call, then returns
     :class:`~async_task_api_worker.conclusion.HandedOff`: the worker's result is reported by a
-    later sweep. The marker's ``meta`` holds the task's fields, for that report. A task handed
-    out before (:meth:`handed_out`) is concluded as ``HandedOff(already=True)``, with no
-    ``started`` and no second run.
+    later sweep. The marker's ``meta`` holds the task's fields, for that report. The engine asks
+    :meth:`handed_out` before it admits a delivery: a task handed out before is concluded as
+    ``HandedOff(already=True)``, with no ``started`` and no second run, whatever its count.
 
     Args:
         state_dir: the state directory.
@@ -160,21 +160,22 @@ class DetachedExecutor:
             Exception: whatever ``request.started`` raised (it gave up: nothing was started).
         """
         fields = fields_of(request.context)
-        if self.handed_out(fields.task_id):
-            return HandedOff(already=True)
         if request.started is not None:
             await request.started()
         work = {"input": dict(request.raw_input), "context": fields.to_json()}
-        await asyncio.to_thread(
-            spawn_detached,
-            self._state_dir,
-            fields.task_id,
-            work,
-            handler=self._target,
-            deadline_s=request.timeout_s,
-            meta=_meta(fields),
-            sdk_worker=True,
-        )
+        try:
+            await asyncio.to_thread(
+                spawn_detached,
+                self._state_dir,
+                fields.task_id,
+                work,
+                handler=self._target,
+                deadline_s=request.timeout_s,
+                meta=_meta(fields),
+                sdk_worker=True,
+            )
+        except FileExistsError:  # another tick's hand-out of it committed first
+            return HandedOff(already=True)
         return HandedOff()
 
     def handed_out(self, task_id: str) -> bool:

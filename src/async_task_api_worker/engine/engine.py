@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import replace
 from datetime import UTC, datetime
 
-from async_task_api_worker.conclusion import Failure
+from async_task_api_worker.conclusion import Failure, HandedOff
 from async_task_api_worker.definition import Worker
 from async_task_api_worker.engine.admission import (
     UNKNOWN_COUNT_LIMIT,
@@ -125,6 +125,10 @@ class Engine:
         # An executor whose work outlives the delivery (``hands_off``) publishes ``started``
         # itself, confirmed, before it hands the work off (``ExecutionRequest.started``).
         self._hands_off = bool(getattr(executor, "hands_off", False))
+        # Such an executor says which tasks it handed out before (``ports.Executor``).
+        self._handed_out: Callable[[str], bool] | None = (
+            getattr(executor, "handed_out", None) if self._hands_off else None
+        )
         self._cancels = Cancels(
             CancelBook(settings.worker_cancel_memory, settings.worker_cancel_memory_s, monotonic),
             self._service,
@@ -279,6 +283,11 @@ class Engine:
         admission = self.admit(run)
         if isinstance(admission, Refused):
             run.task_id, run.client_id = admission.task_id, admission.client_id
+        if self._out_already(admission):
+            # Before any limit: a redelivery of work out already (a tick killed before its ack)
+            # is its sweep's to report, however many times it came back.
+            return await conclude(run, HandedOff(already=True))
+        if isinstance(admission, Refused):
             return await conclude(run, admission)
         if self._hands_off:  # its work outlives the delivery: no cancel reaches it
             return await self._run_task(run, admission, stop, None)
@@ -294,6 +303,16 @@ class Engine:
         finally:
             concluded = verdict is not None and verdict.action in (Action.ACK, Action.CONCLUDE)
             self._cancels.book.finish(task_id, cancel, concluded=concluded)
+
+    def _out_already(self, admission: Admitted | Refused) -> bool:
+        """Whether a hands-off executor has handed this task's work out before."""
+        if self._handed_out is None:
+            return False
+        if isinstance(admission, Admitted):
+            task_id: str | None = admission.fields.task_id
+        else:  # a poison body was never handed out; a limit's refusal may have been
+            task_id = None if admission.poison_reason is not None else admission.task_id
+        return task_id is not None and self._handed_out(task_id)
 
     async def _run_task(
         self, run: DeliveryReporter, task: Admitted, stop: StopSignal, cancel: CancelToken | None

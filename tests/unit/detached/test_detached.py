@@ -80,6 +80,23 @@ def test_a_killed_worker_is_reported_once_after_its_deadline_and_not_before(
     assert len(inbox.sent) == 1 and not in_flight(state)
 
 
+def test_a_second_hand_out_of_work_out_already_starts_nothing(tmp_path: Path) -> None:
+    # Two ticks handing out one task at once (one lost its link, the other got the redelivery):
+    # the marker's write is exclusive, so one commits and the other starts nothing.
+    state = tmp_path / "state"
+    spawn_detached(state, "c-9", {"seconds": 60}, handler=f"{HANDLERS}:slow", deadline_s=30)
+    wait_until(lambda: marker_of(state, "c-9").get("pid") is not None)
+    first = marker_of(state, "c-9")
+    with pytest.raises(FileExistsError):
+        spawn_detached(state, "c-9", {"seconds": 1}, handler=f"{HANDLERS}:slow", deadline_s=30)
+    assert marker_of(state, "c-9") == first
+    assert sorted(path.name for path in state.iterdir() if not path.name.endswith(".log")) == [
+        "c-9.input",
+        "c-9.running",
+    ]
+    os.kill(first["pid"], signal.SIGKILL)
+
+
 def test_a_worker_past_its_deadline_stops_itself_with_task_timeout(tmp_path: Path) -> None:
     state = tmp_path / "state"
     spawn_detached(state, "c-5", {"seconds": 60}, handler=f"{HANDLERS}:slow", deadline_s=1)

@@ -45,9 +45,11 @@ class HandingOff:
     async def aclose(self) -> None:
         pass
 
+    def handed_out(self, task_id: str) -> bool:
+        return task_id in self.handed
+
     async def execute(self, request: ExecutionRequest) -> ExecutionResult:
-        if request.task_id in self.handed:
-            return HandedOff(already=True)
+        assert request.task_id not in self.handed, "the engine asks handed_out first"
         assert request.started is not None
         await request.started()
         self.confirmed_at_hand_off.append([p.report.type for p in self.transport.published])
@@ -113,6 +115,39 @@ async def test_a_redelivery_of_a_task_handed_out_is_acked_with_no_started_and_no
     )
     assert transport.published == []
     assert executor.confirmed_at_hand_off == []
+
+
+async def test_a_redelivery_past_the_limit_of_a_task_handed_out_is_not_abandoned() -> None:
+    # A tick killed after its hand-out and before its ack, again and again: the count grows past
+    # the limit, but the work is out and its sweep reports it; TASK_ABANDONED would be a second,
+    # contradicting terminal report.
+    transport = InMemoryTransport()
+    executor = HandingOff(transport, {"t-1"})
+    engine = engine_on(transport, executor)
+    limit = load_settings({}, read_environment=False).worker_delivery_limit
+    transport.put(BODY, delivery_count=limit + 5)
+    delivery = transport.take()
+    assert delivery is not None
+    settlement = await engine.handle(delivery)
+    assert (settlement.outcome, settlement.action, settlement.reason) == (
+        Outcome.DETACHED,
+        Action.ACK,
+        "already_handed_out",
+    )
+    assert transport.published == []
+
+
+async def test_a_redelivery_past_the_limit_of_a_task_never_handed_out_is_abandoned() -> None:
+    transport = InMemoryTransport()
+    executor = HandingOff(transport, set())
+    limit = load_settings({}, read_environment=False).worker_delivery_limit
+    transport.put(BODY, delivery_count=limit + 5)
+    delivery = transport.take()
+    assert delivery is not None
+    await engine_on(transport, executor).handle(delivery)
+    assert [p.report.type for p in transport.published] == ["failure"]
+    assert b"TASK_ABANDONED_AFTER_REDELIVERIES" in transport.published[0].report.body
+    assert executor.handed == set()
 
 
 async def test_a_started_that_does_not_get_out_hands_nothing_off_and_gives_the_delivery_back() -> (
