@@ -12,6 +12,9 @@ Otherwise the admission says how the delivery is settled without running:
   cost no attempt there): ``TASK_ABANDONED_AFTER_REDELIVERIES``;
 - input the model refuses: ``INVALID_INPUT``, naming the model's fields only.
 
+A redelivery of a task a hands-off executor handed out before (the tick's) is not run, whatever
+its count: :func:`handed_out_before`.
+
 ``run`` and ``dev`` (through the engine), the test harness and the ``tick`` command all admit
 here; the task call (:mod:`async_task_api_worker.task_call`) owns the input rule itself.
 """
@@ -19,6 +22,7 @@ here; the task call (:mod:`async_task_api_worker.task_call`) owns the input rule
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
@@ -32,7 +36,15 @@ from async_task_api_worker.protocol.codes import ErrorCode, PoisonReason
 from async_task_api_worker.protocol.envelope import Envelope
 from async_task_api_worker.task_call import TaskFields, validate_input
 
-__all__ = ["UNKNOWN_COUNT_LIMIT", "Admitted", "Attempt", "Refused", "admit", "attempt_of"]
+__all__ = [
+    "UNKNOWN_COUNT_LIMIT",
+    "Admitted",
+    "Attempt",
+    "Refused",
+    "admit",
+    "attempt_of",
+    "handed_out_before",
+]
 
 _logger = logging.getLogger("async_task_api_worker.engine")
 
@@ -194,3 +206,20 @@ def admit(
         input_refs=envelope.input_refs,
     )
     return Admitted(envelope, task_input, fields)
+
+
+def handed_out_before(
+    admission: Admitted | Refused, handed_out: Callable[[str], bool] | None
+) -> bool:
+    """Whether a hands-off executor handed this delivery's task out before (``ports.Executor``).
+
+    Asked before a limit's refusal stands: a redelivery of work out already (a tick killed
+    before its ack) is its sweep's to report, however often it came back. A poison body was
+    never handed out.
+    """
+    if handed_out is None:
+        return False
+    if isinstance(admission, Admitted):
+        return handed_out(admission.fields.task_id)
+    task_id = admission.task_id
+    return admission.poison_reason is None and task_id is not None and handed_out(task_id)

@@ -29,6 +29,7 @@ from async_task_api_worker.engine.admission import (
     Refused,
     admit,
     attempt_of,
+    handed_out_before,
 )
 from async_task_api_worker.engine.cancels import CancelBook, Cancels
 from async_task_api_worker.engine.decision import Reason
@@ -123,9 +124,8 @@ class Engine:
         # A report that cannot get out holds its delivery until the broker could time it out.
         self._hold_s = settings.delivery_hold_s(self._timeout_s) if hold_s is None else hold_s
         # An executor whose work outlives the delivery (``hands_off``) publishes ``started``
-        # itself, confirmed, before it hands the work off (``ExecutionRequest.started``).
+        # before its hand-off, and says which tasks it handed out before (``ports.Executor``).
         self._hands_off = bool(getattr(executor, "hands_off", False))
-        # Such an executor says which tasks it handed out before (``ports.Executor``).
         self._handed_out: Callable[[str], bool] | None = (
             getattr(executor, "handed_out", None) if self._hands_off else None
         )
@@ -283,9 +283,7 @@ class Engine:
         admission = self.admit(run)
         if isinstance(admission, Refused):
             run.task_id, run.client_id = admission.task_id, admission.client_id
-        if self._out_already(admission):
-            # Before any limit: a redelivery of work out already (a tick killed before its ack)
-            # is its sweep's to report, however many times it came back.
+        if handed_out_before(admission, self._handed_out):
             return await conclude(run, HandedOff(already=True))
         if isinstance(admission, Refused):
             return await conclude(run, admission)
@@ -303,16 +301,6 @@ class Engine:
         finally:
             concluded = verdict is not None and verdict.action in (Action.ACK, Action.CONCLUDE)
             self._cancels.book.finish(task_id, cancel, concluded=concluded)
-
-    def _out_already(self, admission: Admitted | Refused) -> bool:
-        """Whether a hands-off executor has handed this task's work out before."""
-        if self._handed_out is None:
-            return False
-        if isinstance(admission, Admitted):
-            task_id: str | None = admission.fields.task_id
-        else:  # a poison body was never handed out; a limit's refusal may have been
-            task_id = None if admission.poison_reason is not None else admission.task_id
-        return task_id is not None and self._handed_out(task_id)
 
     async def _run_task(
         self, run: DeliveryReporter, task: Admitted, stop: StopSignal, cancel: CancelToken | None
