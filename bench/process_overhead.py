@@ -6,7 +6,9 @@ Run from the repository's root::
 
 Each task runs the no-op handler of ``bench/noop_worker.py`` through the real
 ``ProcessExecutor`` (spawn or fork, request over the channel, answer, kill of the group, reap),
-one at a time, in one process, both ways in the same run. The figures are the wall time of one
+one at a time, in one process, every way in the same run: the fork server without and with
+the lease ``run`` gives each task's group (its watchdog process, ``docs/isolation.md``), and a
+fresh interpreter. The figures are the wall time of one
 ``execute`` call; the ratio is the one to quote.
 """
 
@@ -21,7 +23,7 @@ import time
 
 from async_task_api_worker._version import __version__
 from async_task_api_worker.executors.process import ProcessExecutor
-from async_task_api_worker.ports import ExecutionRequest
+from async_task_api_worker.ports import ExecutionRequest, Lease
 from async_task_api_worker.testing import make_task_context
 from bench.noop_worker import Nothing, noop
 
@@ -55,8 +57,10 @@ async def main(tasks: int) -> None:
     """Measure both ways, ``tasks`` each, and print the table and the ratio."""
     task = noop.task_definition
     fork = await _measure(ProcessExecutor(task), tasks)
+    # As ``run`` starts it: each task's group holds a lease (its watchdog process, the renewals).
+    leased = await _measure(ProcessExecutor(task, lease=Lease(30.0, lambda: True)), tasks)
     spawn = await _measure(ProcessExecutor(task, use_fork_server=False), tasks)
-    rows = [("fork server", fork), ("fresh interpreter", spawn)]
+    rows = [("fork server", fork), ("fork server, lease", leased), ("fresh interpreter", spawn)]
     print(f"# process isolation, per-task cost of a no-op handler ({tasks} tasks each)")
     print(
         f"# {platform.node()}, {platform.machine()}, Python {platform.python_version()}, "
@@ -71,6 +75,8 @@ async def main(tasks: int) -> None:
     p50 = _percentile(spawn, 0.5) / _percentile(fork, 0.5)
     p99 = _percentile(spawn, 0.99) / _percentile(fork, 0.99)
     print(f"fork server is {p50:.1f}x cheaper at p50, {p99:.1f}x at p99")
+    lease_ms = (_percentile(leased, 0.5) - _percentile(fork, 0.5)) * 1000
+    print(f"the lease adds {lease_ms:.2f} ms per task at p50")
 
 
 if __name__ == "__main__":
