@@ -19,7 +19,14 @@ from async_task_api_worker.context import task_log_extra
 from async_task_api_worker.engine.admission import Attempt
 from async_task_api_worker.engine.decision import Reason, log_decision
 from async_task_api_worker.engine.reporting import DeliveryReporter
-from async_task_api_worker.engine.verdict import Ending, Verdict, decide, terminal_report, withdrawn
+from async_task_api_worker.engine.verdict import (
+    Ending,
+    Swept,
+    Verdict,
+    decide,
+    terminal_report,
+    withdrawn,
+)
 from async_task_api_worker.errors import ReportEncodeError, SettleError
 from async_task_api_worker.observability import tracing
 from async_task_api_worker.observability.redaction import exception_type_name
@@ -54,8 +61,10 @@ async def conclude(run: DeliveryReporter, ending: Ending) -> Verdict:
         try:
             published = await run.publish_success(report.value)
         except ReportEncodeError as exc:
-            ending = unreportable(exc)
-            published = await run.publish_failure(ending.code, ending.message)
+            failure = unreportable(exc)
+            published = await run.publish_failure(failure.code, failure.message)
+            # A swept result stays swept: its delivery was acked at hand-off, nothing to settle.
+            ending = replace(ending, conclusion=failure) if isinstance(ending, Swept) else failure
     return decide(ending, attempt, None if published else run.gave_up or Reason.HOLD_EXPIRED)
 
 

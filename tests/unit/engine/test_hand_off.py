@@ -182,3 +182,25 @@ async def test_a_result_reported_again_after_a_killed_sweep_is_the_same_report()
     first, again = (published.report for published in transport.published)
     assert first.body == again.body and first.properties == again.properties  # one message id
     assert first.report.timestamp == "2026-01-02T03:04:05.123456Z"
+
+
+async def test_a_swept_result_no_report_can_carry_is_its_failure_and_settles_nothing() -> None:
+    # The detached worker's result holds a lone surrogate: INVALID_RESULT is reported instead,
+    # and the verdict stays the sweep's (action none): its delivery was acked at hand-off.
+    transport = InMemoryTransport()
+    engine = engine_on(transport, HandingOff(transport, set()))
+    settlement = await engine.report_swept(
+        Swept(Response({"text": "\ud800"}), Reason.SWEPT_RESULT),
+        via=transport.report_only(),
+        task_id="t-1",
+        client_id="c",
+        attempt=1,
+        delivery_limit=None,
+    )
+    assert (settlement.action, settlement.reason, settlement.settled) == (
+        Action.NONE,
+        "swept_result",
+        True,
+    )
+    assert settlement.code == "INVALID_RESULT"
+    assert [p.report.type for p in transport.published] == ["failure"]
