@@ -31,6 +31,7 @@ __all__ = [
     "check_tree",
     "lone_surrogate",
     "nesting_depth",
+    "refuse_lone_surrogate",
     "strict_loads",
     "utf8_json",
 ]
@@ -122,20 +123,25 @@ def check_tree(value: Any, *, depth: int = 1, valid_unicode: bool = False) -> No
                 if not isinstance(key, str):
                     raise ReportEncodeError("value has an object key that is not a string")
                 if valid_unicode and _surrogate_in(key) is not None:
-                    _refuse_lone_surrogate(value)
+                    refuse_lone_surrogate(value)
             children: Any = node.values()
         elif isinstance(node, list | tuple):
             children = node
         else:
             if valid_unicode and isinstance(node, str) and _surrogate_in(node) is not None:
-                _refuse_lone_surrogate(value)
+                refuse_lone_surrogate(value)
             continue
         if depth > MAX_NESTING_DEPTH:
             raise ReportEncodeError(f"value nests deeper than {MAX_NESTING_DEPTH} levels")
         stack.extend((child, depth + 1) for child in children)
 
 
-def _refuse_lone_surrogate(value: Any) -> NoReturn:
+def refuse_lone_surrogate(value: Any) -> NoReturn:
+    """Raise the refusal of ``value``, which holds a lone surrogate (:func:`lone_surrogate`).
+
+    Raises:
+        ReportEncodeError: always; its one wording names the code point and the place.
+    """
     raise ReportEncodeError(f"value is not valid Unicode: a lone surrogate {lone_surrogate(value)}")
 
 

@@ -27,6 +27,7 @@ from async_task_api_worker.observability import tracing
 from async_task_api_worker.protocol.envelope import describe_validation_error, model_field_names
 from async_task_api_worker.sfn.errors import named_failure
 from async_task_api_worker.sfn.request import WorkerRequest
+from async_task_api_worker.task_call import conclude_value
 
 __all__ = [
     "REQUEST_ENV",
@@ -64,9 +65,9 @@ def _read_request() -> str:
     return os.environ[REQUEST_ENV]
 
 
-def _response(result: Any) -> Response:
-    if isinstance(result, BaseModel):
-        result = result.model_dump(mode="json")
+def _response(result: Any) -> Conclusion:
+    if isinstance(result, BaseModel):  # dumped as the task call dumps an output model
+        return conclude_value(type(result), result)
     if not isinstance(result, dict):
         raise TypeError(f"the handler returned {type(result).__name__}, not a JSON object")
     return Response(result)

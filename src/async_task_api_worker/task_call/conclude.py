@@ -30,7 +30,12 @@ from async_task_api_worker.errors import (
 from async_task_api_worker.observability.redaction import exception_type_name, safe_traceback
 from async_task_api_worker.protocol.cancel import TASK_CANCELLED_MESSAGE
 from async_task_api_worker.protocol.codes import ErrorCode
-from async_task_api_worker.protocol.encoding import canonical_dumps, check_tree
+from async_task_api_worker.protocol.encoding import (
+    canonical_dumps,
+    check_tree,
+    lone_surrogate,
+    refuse_lone_surrogate,
+)
 from async_task_api_worker.protocol.envelope import describe_validation_error, model_field_names
 
 __all__ = [
@@ -107,7 +112,31 @@ def conclude_value(model: type[BaseModel], value: Any) -> Response | Failure:
         )
     if not isinstance(response, dict):  # a RootModel of a list: not a JSON object
         return Failure(ErrorCode.INVALID_RESULT, "the handler's result is not a JSON object")
+    if _free_keys(model):
+        # pydantic's JSON dump writes a lone surrogate in a key as U+FFFD: a changed key, not
+        # a refusal. The Python dump keeps it, for the one rule (protocol.encoding).
+        kept = validated.model_dump(mode="python")
+        if lone_surrogate(kept) is not None:
+            try:
+                refuse_lone_surrogate(kept)
+            except ReportEncodeError as exc:
+                return unreportable(exc)
     return Response(response)
+
+
+@functools.cache
+def _free_keys(model: type[BaseModel]) -> bool:
+    """Whether ``model`` takes object keys of the caller's (a ``dict`` or ``Any`` field)."""
+    stack: list[Any] = [model.__pydantic_core_schema__]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            if node.get("type") in ("dict", "any"):
+                return True
+            stack.extend(node.values())
+        elif isinstance(node, list | tuple):
+            stack.extend(node)
+    return False
 
 
 def task_timeout(timeout_s: float) -> Failure:

@@ -38,7 +38,7 @@ REPO = Path(__file__).resolve().parents[3]
 Seen = tuple[str, str]
 
 EXPECTED: dict[str, Seen] = {
-    "succeed": ("", '{"notes": [], "value": 42.0}'),
+    "succeed": ("", '{"notes": [], "tags": {}, "value": 42.0}'),
     "fatal": ("NOT_ALLOWED", "Not allowed for this account."),
     "retryable": ("UPSTREAM_BUSY", "The upstream is busy."),
     "internal": ("INTERNAL_ERROR", "the task failed with an internal error"),
@@ -165,6 +165,7 @@ async def test_a_timeout_is_reported_alike_where_the_face_keeps_the_deadline(
 UNREPORTABLE = {
     "nan": "value is not canonical JSON: ValueError",
     "surrogate": "value is not valid Unicode: a lone surrogate U+D800 at notes.1",
+    "surrogate_key": "value is not valid Unicode: a lone surrogate U+DC00 in a key at tags.half \\udc00",
 }
 
 

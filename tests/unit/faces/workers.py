@@ -25,6 +25,7 @@ class Job(BaseModel):
         "hang",
         "nan",
         "surrogate",
+        "surrogate_key",
     ]
 
 
@@ -33,6 +34,7 @@ class Answer(BaseModel):
 
     value: float
     notes: list[str] = []
+    tags: dict[str, int] = {}
 
 
 #: Set by a test once it is done: a ``def`` handler left hanging then returns.
@@ -53,6 +55,8 @@ def behave(job: Job) -> Answer:
         raise SystemExit(3)
     if job.mode == "nan":
         return Answer(value=float("nan"))  # valid for the model, not JSON for a report
+    if job.mode == "surrogate_key":  # pydantic's JSON dump would write it as U+FFFD
+        return Answer(value=1, tags={"ok": 1, "half \udc00": 2})
     if job.mode == "surrogate":
         return Answer(value=1, notes=["fine", "half of a pair: \ud800"])  # not valid Unicode
     return Answer(value=42)
