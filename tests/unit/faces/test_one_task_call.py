@@ -165,7 +165,9 @@ async def test_a_timeout_is_reported_alike_where_the_face_keeps_the_deadline(
 UNREPORTABLE = {
     "nan": "value is not canonical JSON: ValueError",
     "surrogate": "value is not valid Unicode: a lone surrogate U+D800 at notes.1",
-    "surrogate_key": "value is not valid Unicode: a lone surrogate U+DC00 in a key at tags.half \\udc00",
+    "surrogate_key": (
+        "value is not valid Unicode: a lone surrogate U+DC00 in a key at tags.half \\udc00"
+    ),
 }
 
 
