@@ -27,6 +27,7 @@ __all__ = [
     "ProgressDropped",
     "PublishFailed",
     "ReportPublished",
+    "Reason",
     "Settlement",
     "TaskStarted",
 ]
@@ -47,6 +48,28 @@ class Outcome(StrEnum):
     ENGINE_ERROR = "engine_error"
     DETACHED = "detached"
     """Handed to a detached worker (the ``tick`` command); its report comes from a sweep."""
+
+
+class Reason(StrEnum):
+    """Every ``reason=`` a decision line may carry (``Settlement.reason``), in one place."""
+
+    #: A report still unconfirmed when the broker could soon time the delivery out.
+    HOLD_EXPIRED = "report_held_until_consumer_timeout"
+    #: The transport withdrew the delivery (its channel closed; the broker requeued it).
+    WITHDRAWN = "delivery_withdrawn"
+    #: The grace period of a shutdown ran out (a report was held, or the handler ran).
+    ABORTED = "grace_period_over"
+    #: A process-isolated task's lease lapsed while it ran (``ports.Lease``): its process
+    #: stopped itself, and another worker may run the task now; nothing is reported.
+    LEASE_LAPSED = "lease_lapsed"
+    #: The runtime gave back a delivery it never started (a drain).
+    NEVER_STARTED = "never_started"
+    #: A redelivery of a task whose work a detached worker has already (the tick).
+    ALREADY_HANDED_OUT = "already_handed_out"
+    #: The tick's sweep reported a detached worker's result.
+    SWEPT_RESULT = "swept_result"
+    #: The tick's sweep reported a marker past its deadline.
+    SWEPT_EXPIRY = "swept_expiry"
 
 
 class Action(StrEnum):
