@@ -42,6 +42,7 @@ from async_task_api_worker.task_call import (
     call_function,
     call_here,
     conclude_error,
+    sendable,
     timed_out,
 )
 
@@ -85,7 +86,9 @@ def run_sdk_task(target: str, message: dict[str, Any]) -> Conclusion:
             raise TypeError("the input is not a JSON object")
     except (KeyError, TypeError, ValueError) as exc:
         return conclude_error(exc)
-    return call_here(task, raw_input, fields, DISCARD_PROGRESS)
+    # Checked here: the result file's JSON escapes two raw surrogates side by side as a pair,
+    # which the sweep reads back joined into one valid character (the report checks no more).
+    return sendable(call_here(task, raw_input, fields, DISCARD_PROGRESS))
 
 
 def _run_function(handler: str, message: dict[str, Any]) -> Conclusion:

@@ -399,3 +399,12 @@ def test_a_script_without_a_main_guard_stops_the_worker_with_one_line(tmp_path: 
     assert done.returncode == 2, done.stderr
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "cannot load the handler" in lines[0], done.stderr
+
+
+async def test_a_raw_surrogate_pair_in_a_result_is_invalid_as_in_process() -> None:
+    # Issue 30's one Unicode rule: two lone surrogates side by side (raw, in a Python str) are
+    # INVALID_RESULT in-process; the child's JSON escapes them as a pair, which reads back
+    # joined into one valid character, so the child must check before it sends.
+    async with WorkerHarness(isolated) as harness:
+        run = await harness.submit({"mode": "surrogate_pair"})
+    assert run.settlement.code == "INVALID_RESULT", run.message_types

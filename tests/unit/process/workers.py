@@ -48,6 +48,7 @@ class Job(BaseModel):
         "forge",
         "canary_then_segv",
         "once",
+        "surrogate_pair",
     ] = "echo"
     data: Any = None
     marker: str = ""
@@ -142,6 +143,9 @@ async def run(job: Job, ctx: TaskContext) -> Echo:  # noqa: PLR0912 - one branch
         (channel,) = [o for o in gc.get_objects() if isinstance(o, ChildChannel)]
         channel.send({"t": "progress", "fraction": 0.5, "payload": [1, 2]})
         time.sleep(60)  # still running after the forged message, until the timeout ends it
+    elif job.mode == "surrogate_pair":
+        # Two lone surrogates side by side, raw: JSON's escapes would join them into one.
+        return Echo(data="a\ud83d\ude00b", pid=os.getpid())
     elif job.mode == "bad_result":
         return {"data": object()}  # type: ignore[return-value]
     return Echo(data=job.data, pid=os.getpid())

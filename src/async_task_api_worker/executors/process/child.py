@@ -149,10 +149,9 @@ def serve_one(channel_fd: int, task: TaskDefinition) -> int:
             memory_limit_bytes=request.memory_limit_bytes,
             on_exception=_release_reserve,
         )
-        try:
-            channel.send(OutcomeMessage(conclusion).to_json())
-        except ValueError:  # not JSON after all: the failure its report would have met
-            channel.send(OutcomeMessage(sendable(conclusion)).to_json())
+        # Checked here, not by the worker: the channel's JSON escapes two raw surrogates side
+        # by side as a pair, which reads back joined into one valid character.
+        channel.send(OutcomeMessage(sendable(conclusion)).to_json())
     except Exception:
         return 3
     finally:
