@@ -272,8 +272,9 @@ class Transport(Protocol):
 
 
 #: Renewals a lease gets within its expiry: a task process stops itself only after missing
-#: this many in a row.
-RENEWALS_PER_LEASE: Final = 4
+#: this many in a row. The last one before a freeze came at most one period before it, so a
+#: freeze shorter than the expiry less one period (1.75 heartbeats) stops nothing.
+RENEWALS_PER_LEASE: Final = 8
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,6 +30,7 @@ from async_task_api_worker.detached.state import (
     DONE_SUFFIX,
     INPUT_SUFFIX,
     MARKER_SUFFIX,
+    out_beside,
     place,
     stage,
 )
@@ -64,6 +65,7 @@ def spawn_detached(
     deadline_s: float,
     meta: dict[str, Any] | None = None,
     sdk_worker: bool = False,
+    forget_reported: bool = True,
 ) -> Marker:
     """Start a detached worker for ``message``.
 
@@ -78,6 +80,8 @@ def spawn_detached(
             reports ``TASK_TIMEOUT``, or ``WORKER_DIED`` if it died.
         meta: kept in the marker and returned with the result (what the caller needs to report).
         sdk_worker: ``handler`` names an SDK ``Worker``.
+        forget_reported: new work under an id whose outcome was reported (its ``.done``)
+            starts afresh; ``False`` (the ``tick``: a task id is one task) refuses it.
 
     Returns:
         The marker written (its ``pid`` is set by the worker itself).
@@ -85,8 +89,8 @@ def spawn_detached(
     Raises:
         ValueError: ``correlation_id`` is not a safe file name (``^[A-Za-z0-9][A-Za-z0-9._:@-]
             {0,127}$``, the protocol's task id rule).
-        FileExistsError: the work of ``correlation_id`` is handed out already (its marker is
-            there): nothing was started.
+        FileExistsError: the work of ``correlation_id`` is out already (its marker, its
+            result, or without ``forget_reported`` its ``.done``): nothing was started.
         OSError: the state files could not be written (nothing was started).
     """
     if not _SAFE_ID.fullmatch(correlation_id):
@@ -94,17 +98,22 @@ def spawn_detached(
     state_dir = Path(state_dir)
     state_dir.mkdir(parents=True, exist_ok=True)
     marker = Marker.new(correlation_id, deadline_s, meta or {})
-    # New work under an id reported before: its one-outcome record is the old work's, not this.
-    # Removed before the commit, so that no sweep takes the new marker for a reported task's.
-    (state_dir / f"{correlation_id}{DONE_SUFFIX}").unlink(missing_ok=True)
+    if forget_reported:
+        # New work under an id reported before: its one-outcome record is the old work's. Removed
+        # before the commit, so that no sweep takes the new marker for a reported task's.
+        (state_dir / f"{correlation_id}{DONE_SUFFIX}").unlink(missing_ok=True)
     input_path = state_dir / f"{correlation_id}{INPUT_SUFFIX}"
     staged = stage(input_path, json.dumps(message).encode())
+    marker_path = state_dir / f"{correlation_id}{MARKER_SUFFIX}"
     try:
         # The commit: from here on the work is handed out, and a sweep concludes it. Exclusive:
         # of two hand-outs of one work at once (a tick that lost its link, and the one that got
-        # the redelivery), one commits and the other stops here.
-        marker_path = state_dir / f"{correlation_id}{MARKER_SUFFIX}"
+        # the redelivery), one commits and the other stops here; so does one that commits while
+        # an earlier hand-out's worker finishes or its result is being reported.
         place(stage(marker_path, marker.to_json()), marker_path, exclusive=True)
+        if out_beside(state_dir, correlation_id, reported=not forget_reported):
+            marker_path.unlink()
+            raise FileExistsError(f"the work of {correlation_id} is out already")
     except BaseException:
         staged.unlink(missing_ok=True)
         raise

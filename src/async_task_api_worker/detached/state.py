@@ -52,6 +52,7 @@ __all__ = [
     "aside_for",
     "boot_clock",
     "handed_out",
+    "out_beside",
     "move_aside",
     "place",
     "read_json",
@@ -142,11 +143,25 @@ def handed_out(state_dir: Path, correlation_id: str) -> bool:
     ``.done``: then a sweep concludes it (or did). Its input alone is not, nor a temporary
     file: the marker's write is the hand-out's commit, and the input is put in place after it.
     """
+    return (state_dir / f"{correlation_id}{MARKER_SUFFIX}").exists() or out_beside(
+        state_dir, correlation_id, reported=True
+    )
+
+
+def out_beside(state_dir: Path, correlation_id: str, *, reported: bool) -> bool:
+    """Whether the work is out other than by an unclaimed marker (a hand-out just committed).
+
+    Its marker claimed by its worker (finishing), its result (claimed or not), and with
+    ``reported`` its ``.done``: each says another hand-out's work is, or was, out.
+    """
     for suffix in (MARKER_SUFFIX, RESULT_SUFFIX, DONE_SUFFIX):
         name = f"{correlation_id}{suffix}"
+        if suffix == DONE_SUFFIX and not reported:
+            continue
         # The exact name, or its claimed form: an id may hold dots, and "t.json*" would also
         # match the files of a task "t.json-b".
-        if (state_dir / name).exists() or any(state_dir.glob(f"{glob.escape(name)}{CLAIMED}*")):
+        exact = suffix != MARKER_SUFFIX and (state_dir / name).exists()
+        if exact or any(state_dir.glob(f"{glob.escape(name)}{CLAIMED}*")):
             return True
     return False
 

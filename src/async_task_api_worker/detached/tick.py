@@ -173,6 +173,7 @@ class DetachedExecutor:
                 deadline_s=request.timeout_s,
                 meta=_meta(fields),
                 sdk_worker=True,
+                forget_reported=False,
             )
         except FileExistsError:  # another tick's hand-out of it committed first
             return HandedOff(already=True)

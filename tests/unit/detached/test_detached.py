@@ -97,6 +97,35 @@ def test_a_second_hand_out_of_work_out_already_starts_nothing(tmp_path: Path) ->
     os.kill(first["pid"], signal.SIGKILL)
 
 
+@pytest.mark.parametrize(
+    ("left", "forget_reported"),
+    [
+        ("c-10.running#claimed-1.2.3.x", True),  # its worker finishing
+        ("c-10.json", True),  # its result, not reported yet
+        ("c-10.json#claimed-1.2.3.x", True),  # its result, being reported
+        ("c-10.done", False),  # reported: the tick's task ids name one task each
+    ],
+)
+def test_a_hand_out_while_an_earlier_one_is_out_starts_nothing(
+    tmp_path: Path, left: str, forget_reported: bool
+) -> None:
+    # Two copies of one task id reach two ticks; the first copy's work ends and is reported
+    # while the second waits for its started confirm: the second must not run it again.
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / left).write_bytes(b"{}")
+    with pytest.raises(FileExistsError):
+        spawn_detached(
+            state,
+            "c-10",
+            {},
+            handler=f"{HANDLERS}:quick",
+            deadline_s=30,
+            forget_reported=forget_reported,
+        )
+    assert sorted(path.name for path in state.iterdir()) == [left]
+
+
 def test_a_worker_past_its_deadline_stops_itself_with_task_timeout(tmp_path: Path) -> None:
     state = tmp_path / "state"
     spawn_detached(state, "c-5", {"seconds": 60}, handler=f"{HANDLERS}:slow", deadline_s=1)

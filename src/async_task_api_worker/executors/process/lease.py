@@ -216,8 +216,12 @@ class LeaseKeeper:
     async def _renew_all(self) -> None:
         assert self._lease is not None  # noqa: S101 - started only with a lease
         lease = self._lease
+        held = True
         while self._grants:
-            await asyncio.sleep(lease.renew_every_s)
+            # Not held at the last look: look again soon. The first look after a freeze finds
+            # the link silent, its frames still unread; waiting a whole period for the next
+            # look would cost the lease a second period.
+            await asyncio.sleep(lease.renew_every_s if held else min(lease.renew_every_s, 0.1))
             try:
                 held = lease.held()
             except Exception:
