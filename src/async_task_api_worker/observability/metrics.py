@@ -7,8 +7,8 @@ fixed set, so the number of series is bounded whatever the traffic:
 ========================================  =========================================  ===========
 metric                                    labels                                      series
 ========================================  =========================================  ===========
-``worker_tasks_total``                    ``status``: a settlement outcome            9
-``worker_task_duration_seconds``          (histogram, arrival to settle, ran tasks)   1 (+buckets)
+``worker_tasks_total``                    ``status``: a settlement outcome            10
+``worker_task_duration_seconds``          (histogram, arrival to settle, ran tasks)   21 (buckets)
 ``worker_messages_published_total``       ``message_type``: a report type             4
 ``event_loop_lag_seconds``                ``component``: ``worker``                   1
 ``worker_task_failures_total``            ``code``: SDK codes, then up to 64 user     <= 76
@@ -20,10 +20,13 @@ metric                                    labels                                
 ``worker_tasks_in_flight``                (none)                                      1
 ``worker_shutdown_requeued_total``        (none)                                      1
 ``worker_progress_dropped_total``         ``reason``: a progress drop reason          6
+``worker_lease_lapses_total``              (none)                                      1
+``worker_cancel_requests_total``           ``result``: a cancel request's result       5
+``worker_consumer_cancels_total``          ``cause``: a consumer cancel's cause        2
 ``worker_sdk_info``                       ``version``                                 1
 ========================================  =========================================  ===========
 
-At most 138 series in all (a value outside a fixed set, which only a bug could send, is
+At most 148 series in all (a value outside a fixed set, which only a bug could send, is
 counted as ``other``), plus prometheus-client's process, platform and GC collectors. A user
 error code is a label value only if it matches the protocol's code pattern, and only the
 first :data:`MAX_USER_CODES` distinct ones get their own series; later ones are counted as
@@ -60,6 +63,7 @@ from prometheus_client.process_collector import ProcessCollector
 
 from async_task_api_worker._version import __version__
 from async_task_api_worker.context import ProgressDropReason
+from async_task_api_worker.events import Reason
 from async_task_api_worker.ports import (
     AckFailed,
     CancelCause,
@@ -244,6 +248,12 @@ class WorkerMetrics:
             ["cause"],
             registry=registry,
         )
+        self.lease_lapses = Counter(
+            "worker_lease_lapses_total",
+            "Process-isolated runs stopped by their lease (their worker did not renew it for "
+            "two heartbeats: frozen, blocked or cut off); nothing was reported for them.",
+            registry=registry,
+        )
         Info("worker_sdk", "The async-task-api-worker SDK.", registry=registry).info(
             {"version": __version__}
         )
@@ -303,6 +313,8 @@ class WorkerMetrics:
             self.shutdown_requeued.inc()
         elif outcome is Outcome.POISON:
             self.poison.labels(_one_of(settlement.poison_reason, _POISON_REASONS)).inc()
+        if settlement.reason == Reason.LEASE_LAPSED:
+            self.lease_lapses.inc()
         concluded = (Outcome.FAILURE, Outcome.POISON, Outcome.CANCELLED_BY_CLIENT)
         if outcome in concluded and settlement.code is not None:
             self.failures.labels(self.code_label(settlement.code)).inc()

@@ -227,7 +227,7 @@ def test_loop_lag_is_recorded_in_seconds() -> None:
     assert body[("event_loop_lag_seconds", (("component", "worker"),))] == 0.0
 
 
-def test_the_worst_case_stays_within_the_documented_147_series() -> None:
+def test_the_worst_case_stays_within_the_documented_148_series() -> None:
     metrics = WorkerMetrics()
     for number in range(3 * MAX_USER_CODES):
         metrics.notify(DeliveryReceived())
@@ -243,7 +243,7 @@ def test_the_worst_case_stays_within_the_documented_147_series() -> None:
         for key in samples(metrics.exposition()[0].decode())
         if key[0].startswith(("worker_", "event_loop_"))
     ]
-    assert len(ours) == 147
+    assert len(ours) == 148
 
 
 def test_the_content_type_never_echoes_the_client() -> None:
@@ -259,3 +259,18 @@ def test_the_content_type_never_echoes_the_client() -> None:
             "application/openmetrics-text; version=1.0.0; charset=utf-8",
         }
         assert body
+
+
+def test_a_lapsed_lease_is_counted_once_per_run() -> None:
+    metrics = WorkerMetrics()
+    lapsed = Settlement(
+        Outcome.CANCELLED, Action.NACK_REQUEUE, None, "t", 1, 5, reason="lease_lapsed"
+    )
+    withdrawn = Settlement(
+        Outcome.CANCELLED, Action.NONE, None, "t", 1, 5, reason="delivery_withdrawn"
+    )
+    for settlement in (lapsed, withdrawn):
+        metrics.notify(DeliveryReceived())
+        metrics.notify(DeliverySettled(settlement, 0.1, True))
+    body = samples(metrics.exposition()[0].decode())
+    assert body[("worker_lease_lapses_total", ())] == 1.0
