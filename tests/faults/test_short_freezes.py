@@ -6,19 +6,19 @@ Marked ``storms``: run only when ``-m storms`` names it.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import random
 import signal
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.faults.conftest import Broker
 from tests.faults.ledger import Case
 from tests.faults.test_regressions import until_markers
-from tests.faults.test_storms import HEARTBEAT_S, WORKER, runs_of
+from tests.faults.test_storms import HEARTBEAT_S, WORKER
 
 pytestmark = pytest.mark.storms
 
@@ -31,7 +31,7 @@ FREEZES = int(os.environ.get("BRK_FREEZES", "8"))
 @pytest.mark.parametrize("freeze_heartbeats", [1.2, 1.5])
 @pytest.mark.timeout(400)
 async def test_freezes_shorter_than_the_lease_fence_nothing(
-    machine_broker: Broker, markers: Path, tmp_path: Path, freeze_heartbeats: float
+    machine_broker: Broker, markers: Path, tmp_path: Path, record: Any, freeze_heartbeats: float
 ) -> None:
     env = {"BROKER_HEARTBEAT_S": str(HEARTBEAT_S), "WORKER_CONCURRENCY": str(TASKS)}
     case = Case(machine_broker, "freeze", markers, tmp_path, WORKER, env=env)
@@ -51,13 +51,13 @@ async def test_freezes_shorter_than_the_lease_fence_nothing(
     lapsed = log.count("lease_lapsed")
     reconnects = log.count("Connected to") - 1
     assert case.worker.stop() == 0
-    print(json.dumps({
-        "freeze_heartbeats": freeze_heartbeats, "freezes": FREEZES, "tasks": TASKS,
-        "lost": len(counts.lost), "dups": len(counts.duplicate_successes),
-        "double": len(counts.double_conclusions), "hung": counts.hung,
-        "handler_runs": counts.handler_runs, "lease_lapsed_lines": lapsed,
-        "reconnects": reconnects, "codes": counts.codes,
-        "runs": {k: len(v) for k, v in runs_of(markers).items()},
-    }))  # fmt: skip
+    record(
+        counts.row(
+            f"a worker frozen {FREEZES} times for {freeze_heartbeats} heartbeats (under the "
+            "lease), 4 process-isolated tasks of 40 s, heartbeat 2 s",
+            broker=machine_broker.label,
+            measured=f"{lapsed} lease_lapsed lines, {reconnects} reconnects",
+        )
+    )
     counts.assert_intact()
     assert counts.handler_runs == TASKS, "a freeze shorter than the lease fenced a task"
