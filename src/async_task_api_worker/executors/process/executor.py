@@ -385,11 +385,15 @@ def _no_result(code: str, message: str) -> Failure:
 
 
 def _exit_failure(child: TaskProcess, code: int | None) -> Failure:
-    """What a task process that ended without an answer means, from its exit code."""
+    """What a task process that ended without an answer means, from its exit code.
+
+    Raises:
+        ForkServerError: its exit code is lost with its fork server (stopped, or killed by
+            the worker when it stopped answering): the process went with the server, not by
+            its task's fault, so the engine gives the delivery back (``engine_error``).
+    """
     if code is None:
-        return _no_result(
-            ErrorCode.WORKER_CRASHED, "the task's process was lost (its fork server stopped)"
-        )
+        raise ForkServerError("a task's process was lost with its fork server")
     ended = (
         process_killed(signal_name(code)) if code < 0 and not child.killed else process_ended(code)
     )
