@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.integration.conftest import REPO
 
 
@@ -23,6 +25,9 @@ def _bench(*arguments: str) -> subprocess.CompletedProcess[str]:
     return done
 
 
+# The bench's own guard (120 s) is the hang guard, not pytest's default: two workers drain
+# 50 tasks each, minutes on a loaded 2-core machine.
+@pytest.mark.timeout(180)
 def test_the_benchmark_drains_every_task(broker: None, tmp_path: Path) -> None:
     done = _bench("--smoke", "--out", str(tmp_path))
     rows = [line.split("|") for line in done.stdout.splitlines() if line.startswith("| ")]
