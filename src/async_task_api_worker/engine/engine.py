@@ -362,7 +362,7 @@ class Engine:
             raise
         # A held progress update goes out before the terminal report; none after it, and none
         # for a run that stopped or whose conclusion is void.
-        await throttle.close(flush=not isinstance(result, Stopped | GivenBack))
+        await throttle.close(flush=not isinstance(result, (Stopped, GivenBack)))
         return result
 
     async def _back_off(
