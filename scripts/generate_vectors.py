@@ -505,6 +505,34 @@ REPORT_CASES: list[ReportCase] = [
         section=Section.ERROR_CODES,
         rule=_code_rule(ErrorCode.TASK_CANCELLED),
     ),
+    # Where RFC 8785 (JCS), which lays floats out as ECMAScript's Number.prototype.toString,
+    # writes other bytes: from 1e16 to 1e21 (positional there), 1e-5 and 1e-6 (positional
+    # there), below 1e-6 (one exponent digit there); and where both agree (docs/protocol.md,
+    # "Canonical encoding", "Not RFC 8785").
+    ReportCase(
+        "success-floats-exponent-layout",
+        "floats around the exponent thresholds: e+NN/e-NN, two digits at least, from 1e16 "
+        "and below 1e-4; not ECMAScript's (RFC 8785's) layout",
+        _success(
+            {
+                "e16_and_a_half": 1.5e16,
+                "e20": 1e20,
+                "e21": 1e21,
+                "e100": 1e100,
+                "two_53": 9007199254740992.0,
+                "e_minus_4": 0.0001,
+                "e_minus_5_and_a_half": 5.5e-05,
+                "e_minus_6": 1e-06,
+                "e_minus_7": 1e-07,
+                "minus_e_minus_7": -1.25e-07,
+                "e_minus_9": 1.5e-09,
+                "e_minus_10": 1e-10,
+            }
+        ),
+        seq=1,
+        section=Section.ENCODING,
+        rule="floats: e+NN/e-NN with two digits at least, not ECMAScript's layout",
+    ),
 ]
 
 # ---------------------------------------------------------------------------------------------
