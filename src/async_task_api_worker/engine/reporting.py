@@ -108,15 +108,18 @@ class DeliveryReporter:
     _started_state: _Started = field(default=_Started.UNSENT, repr=False)
     _started_moved: asyncio.Future[None] | None = field(default=None, repr=False)
     _taken_over: bool = field(default=False, repr=False)
+    _last_timestamp: str = field(default="", repr=False)
 
     def _fields(self) -> dict[str, Any]:
+        # Fixed-width text sorts as time: a clock stepped back repeats the last one ("Reports").
+        self._last_timestamp = max(format_timestamp(self.wall_clock()), self._last_timestamp)
         return {
             "protocol_version": 1,
             "task_id": self.task_id,
             "client_id": self.client_id,
             "service": self.service,
             "attempt": self.attempt,
-            "timestamp": format_timestamp(self.wall_clock()),
+            "timestamp": self._last_timestamp,
         }
 
     def _encode(
@@ -253,10 +256,7 @@ class DeliveryReporter:
             self._mark(_Started.CONFIRMED)
 
     async def _try_behind_started(
-        self,
-        encoded: EncodedReport,
-        started: EncodedReport,
-        placed_after: Placed,
+        self, encoded: EncodedReport, started: EncodedReport, placed_after: Placed
     ) -> None:
         """Resend a lost ``started`` (a task, on this rare path), ``encoded`` once it is placed."""
         placed = asyncio.get_running_loop().create_future()
