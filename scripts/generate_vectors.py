@@ -508,7 +508,7 @@ REPORT_CASES: list[ReportCase] = [
     # Where RFC 8785 (JCS), which lays floats out as ECMAScript's Number.prototype.toString,
     # writes other bytes: from 1e16 to 1e21 (positional there), 1e-5 and 1e-6 (positional
     # there), below 1e-6 (one exponent digit there); and where both agree (docs/protocol.md,
-    # "Canonical encoding", "Not RFC 8785").
+    # "Not RFC 8785 (JCS)").
     ReportCase(
         "success-floats-exponent-layout",
         "floats around the exponent thresholds: e+NN/e-NN, two digits at least, from 1e16 "
