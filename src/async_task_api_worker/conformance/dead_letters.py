@@ -32,10 +32,8 @@ from aio_pika.exceptions import AMQPError
 from async_task_api_worker.conformance.admin import Admin, AdminError
 from async_task_api_worker.conformance.wire import BORROW_PRIORITY, Wire
 
-__all__ = ["PLACE_WITHIN_S", "DeadLetters", "dead_letter_target"]
+__all__ = ["DeadLetters", "dead_letter_target"]
 
-#: How long the kit tries to see a canary of its own dead-lettered, in seconds.
-PLACE_WITHIN_S: Final = 5.0
 _CANARY_ID: Final = "conformance-kit-canary"
 
 
@@ -98,8 +96,9 @@ async def dead_letter_target(wire: Wire, admin: Admin, name: str) -> AsyncIterat
             await admin.dead_letter(wire.in_queue, name)
             if not await _canary(wire, letters):
                 letters.missing = (
-                    f"a message the kit rejected was not dead-lettered within {PLACE_WITHIN_S:.0f} "
-                    f"s: does {wire.in_queue!r} have its own x-dead-letter-exchange argument?"
+                    f"a message the kit rejected was not dead-lettered within "
+                    f"{wire.timeout_s:.0f} s: does {wire.in_queue!r} have its own "
+                    f"x-dead-letter-exchange argument?"
                 )
         except (AdminError, AMQPError) as exc:
             letters.missing = f"the dead-letter target could not be set up: {exc}"[:300]
@@ -120,7 +119,10 @@ async def dead_letter_target(wire: Wire, admin: Admin, name: str) -> AsyncIterat
 
 
 async def _canary(wire: Wire, letters: DeadLetters) -> bool:
-    """Reject canaries from the input queue until one arrives among ``letters``; whether it did."""
+    """Reject canaries from the input queue until one reaches ``letters``; whether one did.
+
+    Each is taken ahead of the worker (``x-priority``); the wire's timeout bounds the tries.
+    """
     channel = await wire.connection.channel()
     queue = await channel.get_queue(wire.in_queue)
     others: list[AbstractIncomingMessage] = []
@@ -133,7 +135,7 @@ async def _canary(wire: Wire, letters: DeadLetters) -> bool:
 
     tag = await queue.consume(on_message, arguments={"x-priority": BORROW_PRIORITY})
     try:
-        deadline = time.monotonic() + PLACE_WITHIN_S
+        deadline = time.monotonic() + wire.timeout_s
         number = 0
         while (left := deadline - time.monotonic()) > 0:
             number += 1
