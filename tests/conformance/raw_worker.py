@@ -4,7 +4,9 @@ It serves the conformance kit's reference task (docs/conformance.md) and speaks 
 (docs/protocol.md) without this SDK's engine or runtime: it only borrows the SDK's protocol
 module for decoding envelopes and encoding reports, as another language would use its own
 protocol library. The kit is checked against it: a correct worker must pass every case, and each
-``BREAK`` mode, which breaks exactly one rule, must fail the cases that watch that rule.
+``BREAK`` mode (a mutant), which breaks exactly one rule, must fail the one case that judges
+that rule (docs/conformance.md, "Each mutant against the case that fails it"). ``BREAK`` takes
+several modes at once, comma-separated, so that one worker carries mutants of different cases.
 
 It is one module of about 1,000 lines, over the project's 400, on purpose: it stands for a whole
 worker of another stack, read top to bottom, and the tests start it as one ``python -m``.
@@ -16,9 +18,10 @@ Run from the repository root::
 Settings (environment): ``BROKER_URL``, ``SERVICE`` (``conformance``), ``IN_QUEUE_NAME`` and
 ``OUT_QUEUE_NAME`` (``<service>_queue_in`` / ``_out``), ``WORKER_DELIVERY_LIMIT`` (5),
 ``WORKER_PROGRESS_MIN_INTERVAL_S`` (1.0), ``WORKER_MAX_MESSAGE_BYTES`` (16 MiB),
-``WORKER_CONCURRENCY`` (the prefetch, 8) and ``BREAK`` (empty: a correct worker; else one of
-:data:`BREAK_MODES`). It prints ``ready`` on stdout once it consumes, logs to stderr, and exits 0
-on SIGTERM or SIGINT without finishing anything: the broker requeues what was unacked.
+``WORKER_CONCURRENCY`` (the prefetch, 8) and ``BREAK`` (empty: a correct worker; else modes of
+:data:`BREAK_MODES`, comma-separated). It prints ``ready`` on stdout once it consumes, logs to
+stderr, and exits 0 on SIGTERM or SIGINT without finishing anything: the broker requeues what
+was unacked.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ import sys
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
 import aio_pika
@@ -63,6 +66,7 @@ from async_task_api_worker.protocol import (
     encode_report,
     format_timestamp,
 )
+from async_task_api_worker.protocol.encoding import canonical_dumps
 from async_task_api_worker.protocol.envelope import (
     describe_validation_error,
     model_field_names,
@@ -74,17 +78,25 @@ __all__ = ["BREAK_MODES", "Config", "main"]
 
 _logger = logging.getLogger("raw_worker")
 
-#: The rules this worker can be told to break, one at a time (``BREAK``).
-BREAK_MODES: Final = frozenset(
-    {
-        "ack_early",  # ack once the behaviour concluded, before its reports are confirmed
-        "unsorted_keys",  # report bodies with their keys in insertion order
-        "progress_after_terminal",  # one more progress report after the terminal one
-        "local_attempts",  # count attempts per task id here, not from x-delivery-count
-        "poison_requeued",  # requeue a poison body instead of acking or rejecting it
-        "depth_unchecked",  # run an envelope nested deeper than 64 levels
-    }
-)
+#: The rules this worker can be told to break (``BREAK``), each with what the mutant does.
+BREAK_MODES: Final = {
+    "ack_early": "acks once the behaviour concluded, before its reports are confirmed",
+    "unsorted_keys": "writes report bodies with their keys in insertion order",
+    "progress_after_terminal": "publishes one more progress report after the terminal one",
+    "local_attempts": "counts attempts per task id itself, not from `x-delivery-count`",
+    "poison_requeued": "requeues a poison body instead of acking or rejecting it",
+    "depth_unchecked": "runs an envelope nested deeper than 64 levels",
+    "version_float": 'writes `"protocol_version":1.0` in every report (canonical bytes otherwise)',
+    "client_id_null": "echoes `client_id` null in every report",
+    "poison_acked": "acks a poison body without a readable task id instead of rejecting it",
+    "timestamps_backwards": "stamps the terminal report a second before its `started`",
+    "started_twice": "publishes `started` twice in every delivery",
+    "non_persistent": "publishes the terminal report with `delivery_mode` 1",
+    "progress_one": "publishes a handler's progress of 1.0 instead of dropping it",
+    "message_uncut": "sends a failure's message of over 1,024 characters whole",
+}
+#: Modes that break one rule two ways: one worker cannot carry both.
+_EXCLUSIVE_MODES: Final = ({"poison_requeued", "poison_acked"},)
 
 #: What a classic queue allows: it only tells a first delivery from a redelivery.
 CLASSIC_LIMIT: Final = 2
@@ -126,7 +138,7 @@ class Config:
     progress_interval_s: float
     max_message_bytes: int
     concurrency: int
-    break_mode: str
+    breaks: frozenset[str]
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Config:
@@ -134,9 +146,12 @@ class Config:
         service = env.get("SERVICE") or "conformance"
         if not re.fullmatch(SERVICE_PATTERN, service):
             raise ConfigError(f"SERVICE must match {SERVICE_PATTERN}")
-        break_mode = env.get("BREAK", "")
-        if break_mode and break_mode not in BREAK_MODES:
-            raise ConfigError(f"BREAK must be empty or one of {', '.join(sorted(BREAK_MODES))}")
+        breaks = frozenset(mode.strip() for mode in env.get("BREAK", "").split(",") if mode.strip())
+        if not breaks <= BREAK_MODES.keys():
+            raise ConfigError(f"BREAK takes modes among {', '.join(sorted(BREAK_MODES))}")
+        for exclusive in _EXCLUSIVE_MODES:
+            if exclusive <= breaks:
+                raise ConfigError(f"BREAK cannot have both {' and '.join(sorted(exclusive))}")
         return cls(
             broker_url=env.get("BROKER_URL") or "amqp://guest:guest@127.0.0.1:5672/",
             service=service,
@@ -150,7 +165,7 @@ class Config:
                 )
             ),
             concurrency=int(_number(env, "WORKER_CONCURRENCY", 8, minimum=1, integer=True)),
-            break_mode=break_mode,
+            breaks=breaks,
         )
 
 
@@ -453,7 +468,7 @@ def _task_error(code: str, message: str) -> Fail:
     # A code the protocol does not let a task use is this worker's bug, not the task's code.
     if not usable_code(code):
         return Fail("INTERNAL_ERROR", INTERNAL_ERROR_MESSAGE)
-    return Fail(code, message[:MAX_ERROR_MESSAGE_CHARS])
+    return Fail(code, message)  # cut when it is reported (DeliveryReports.conclude)
 
 
 # --- progress throttle -----------------------------------------------------------------------
@@ -471,9 +486,12 @@ class ProgressThrottle:
         self,
         interval_s: float,
         publish: Callable[[float, dict[str, Any] | None], Awaitable[bool]],
+        *,
+        takes_one: bool = False,
     ) -> None:
         self._interval_s = interval_s
         self._publish = publish
+        self._takes_one = takes_one  # BREAK=progress_one: 1.0 is taken too
         self._last_sent_at = time.monotonic()
         self._floor = 0.0
         self._held: tuple[float, dict[str, Any] | None] | None = None
@@ -483,7 +501,8 @@ class ProgressThrottle:
 
     def offer(self, fraction: float, payload: dict[str, Any] | None) -> None:
         """Take an update; one out of [0, 1), or below an earlier one, is dropped."""
-        if self._closed or not (self._floor <= fraction < 1.0):
+        in_range = self._floor <= fraction < 1.0 or (self._takes_one and fraction == 1.0)
+        if self._closed or not in_range:
             _logger.info("progress %r dropped", fraction)
             return
         self._floor = fraction
@@ -552,17 +571,20 @@ class Publisher:
         """Open the publishing channel (publisher confirms on)."""
         self._channel = await self._connection.channel(publisher_confirms=True)
 
-    async def publish(self, body: bytes, properties: dict[str, Any]) -> None:
-        """Publish one report and wait for its confirm.
+    async def publish(
+        self, body: bytes, properties: dict[str, Any], *, persistent: bool = True
+    ) -> None:
+        """Publish one report and wait for its confirm (``persistent``: ``delivery_mode`` 2).
 
         Raises:
             ReportRefused: it was not confirmed; publishing it again may work.
             ReportTooLargeForBroker: the broker closed the channel for its size.
         """
         assert self._channel is not None  # open() comes first
-        message = aio_pika.Message(
-            body, delivery_mode=aio_pika.DeliveryMode.PERSISTENT, **properties
+        mode = (
+            aio_pika.DeliveryMode.PERSISTENT if persistent else aio_pika.DeliveryMode.NOT_PERSISTENT
         )
+        message = aio_pika.Message(body, delivery_mode=mode, **properties)
         try:
             confirm = await self._channel.default_exchange.publish(
                 message, routing_key=self._out_queue, timeout=CONFIRM_TIMEOUT_S
@@ -613,7 +635,7 @@ class DeliveryReports:
     """The reports of one delivery: their fields, their ``seq`` and their publication.
 
     ``seq`` counts from 0 in the order the reports are made; a report that never got out keeps
-    its number (gaps are allowed, reuse is not).
+    its number (gaps are allowed, reuse is not). ``breaks``: the ``BREAK`` modes in force.
     """
 
     def __init__(
@@ -624,31 +646,41 @@ class DeliveryReports:
         task_id: str,
         client_id: str | None,
         attempt: int,
-        unsorted_keys: bool,
+        breaks: frozenset[str],
     ) -> None:
         self._publisher = publisher
         self._service = service
         self._task_id = task_id
-        self._client_id = client_id
+        self._client_id = None if "client_id_null" in breaks else client_id
         self._attempt = attempt
-        self._unsorted_keys = unsorted_keys
+        self._breaks = breaks
         self._seq = 0
         self._started: asyncio.Future[bool] | None = None
+        self._started_at: datetime | None = None
         self.last_progress: tuple[float, dict[str, Any] | None] | None = None
 
-    def _fields(self) -> dict[str, Any]:
+    def _fields(self, moment: datetime | None = None) -> dict[str, Any]:
         return {
             "task_id": self._task_id,
             "client_id": self._client_id,
             "service": self._service,
             "attempt": self._attempt,
-            "timestamp": format_timestamp(datetime.now(UTC)),
+            "timestamp": format_timestamp(moment or datetime.now(UTC)),
         }
 
     def begin_started(self) -> None:
         """Publish ``started`` in the background: the behaviour runs while it is confirmed."""
-        body, properties = self._encode(StartedReport.model_construct(**self._fields()))
-        self._started = asyncio.ensure_future(self._publish_held(body, properties, hold=True))
+        self._started_at = datetime.now(UTC)
+        started = [self._encode(StartedReport.model_construct(**self._fields(self._started_at)))]
+        if "started_twice" in self._breaks:
+            started.append(self._encode(StartedReport.model_construct(**self._fields())))
+        self._started = asyncio.ensure_future(self._publish_in_turn(started))
+
+    async def _publish_in_turn(self, reports: list[tuple[bytes, dict[str, Any]]]) -> bool:
+        for body, properties in reports:
+            if not await self._publish_held(body, properties, hold=True):
+                return False
+        return True
 
     async def started_confirmed(self) -> bool:
         """Wait for ``started``'s confirm; ``False`` if it gave up (nothing may follow it)."""
@@ -676,27 +708,42 @@ class DeliveryReports:
         return sent
 
     async def conclude(self, outcome: Succeed | Fail) -> bool:
-        """Publish the terminal report; a response that cannot go out becomes a failure."""
+        """Publish the terminal report; a response that cannot go out becomes a failure.
+
+        A failure's message is cut to its first ``MAX_ERROR_MESSAGE_CHARS`` characters.
+        """
+        moment = None
+        if "timestamps_backwards" in self._breaks and self._started_at is not None:
+            moment = self._started_at - timedelta(seconds=1)
+        persistent = "non_persistent" not in self._breaks
         if isinstance(outcome, Succeed):
-            report = SuccessReport.model_construct(**self._fields(), response=outcome.response)
+            report = SuccessReport.model_construct(
+                **self._fields(moment), response=outcome.response
+            )
             try:
-                return await self._send(report, hold=True)
+                return await self._send(report, hold=True, persistent=persistent)
             except (ReportEncodeError, ReportTooLargeForBroker) as exc:
                 too_large = isinstance(exc, ReportTooLargeForBroker) or exc.too_large
                 outcome = Fail(
                     "RESULT_TOO_LARGE" if too_large else "INVALID_RESULT",
-                    f"the handler's result cannot be reported: {exc}"[:MAX_ERROR_MESSAGE_CHARS],
+                    f"the handler's result cannot be reported: {exc}",
                 )
-        error = ReportError.model_construct(code=outcome.code, message=outcome.message)
-        return await self._send(
-            FailureReport.model_construct(**self._fields(), error=error), hold=True
-        )
+        message = outcome.message
+        if "message_uncut" not in self._breaks:
+            message = message[:MAX_ERROR_MESSAGE_CHARS]
+        error = ReportError.model_construct(code=outcome.code, message=message)
+        failure = FailureReport.model_construct(**self._fields(moment), error=error)
+        return await self._send(failure, hold=True, persistent=persistent)
 
     async def _send(
-        self, report: StartedReport | ProgressReport | SuccessReport | FailureReport, *, hold: bool
+        self,
+        report: StartedReport | ProgressReport | SuccessReport | FailureReport,
+        *,
+        hold: bool,
+        persistent: bool = True,
     ) -> bool:
         body, properties = self._encode(report)
-        return await self._publish_held(body, properties, hold=hold)
+        return await self._publish_held(body, properties, hold=hold, persistent=persistent)
 
     def _encode(
         self, report: StartedReport | ProgressReport | SuccessReport | FailureReport
@@ -704,7 +751,12 @@ class DeliveryReports:
         """The report's body and AMQP properties; it takes the next ``seq``."""
         encoded = encode_report(report, seq=self._seq)
         self._seq += 1
-        body = unsorted_body(report) if self._unsorted_keys else encoded.body
+        body = encoded.body
+        if "unsorted_keys" in self._breaks:
+            body = unsorted_body(report)
+        if "version_float" in self._breaks:
+            # A float 1.0 is canonical as "1.0": the bytes are canonical, the type is not.
+            body = canonical_dumps({**json.loads(body), "protocol_version": 1.0})
         props = encoded.properties
         properties = {
             "content_type": props.content_type,
@@ -717,13 +769,15 @@ class DeliveryReports:
         }
         return body, properties
 
-    async def _publish_held(self, body: bytes, properties: dict[str, Any], *, hold: bool) -> bool:
+    async def _publish_held(
+        self, body: bytes, properties: dict[str, Any], *, hold: bool, persistent: bool = True
+    ) -> bool:
         """Publish until confirmed, with a backoff; ``False`` once the hold is over."""
         give_up_at = time.monotonic() + REPORT_HOLD_S
         delay_s = REPORT_RETRY_FIRST_S
         while True:
             try:
-                await self._publisher.publish(body, properties)
+                await self._publisher.publish(body, properties, persistent=persistent)
             except ReportRefused as exc:
                 _logger.warning("%s not confirmed (%s)", properties["message_id"], exc)
                 if not hold or time.monotonic() + delay_s > give_up_at:
@@ -797,7 +851,7 @@ class RawWorker:
             self.config.in_queue,
             "quorum" if self.quorum else "not quorum",
             self.config.out_queue,
-            self.config.break_mode,
+            ",".join(sorted(self.config.breaks)),
         )
 
     async def stop(self) -> None:
@@ -821,7 +875,7 @@ class RawWorker:
                 self._tasks.discard(task)
 
     def _breaks(self, rule: str) -> bool:
-        return self.config.break_mode == rule
+        return rule in self.config.breaks
 
     def _attempt(self, message: AbstractIncomingMessage, task_id: str | None) -> Attempt:
         if self._breaks("local_attempts") and task_id is not None:
@@ -840,7 +894,7 @@ class RawWorker:
             task_id=task_id,
             client_id=client_id,
             attempt=attempt.number,
-            unsorted_keys=self._breaks("unsorted_keys"),
+            breaks=self.config.breaks,
         )
 
     async def handle(self, message: AbstractIncomingMessage) -> None:
@@ -880,7 +934,11 @@ class RawWorker:
     ) -> None:
         """Run an admitted task: started, the behaviour, then the terminal report or a retry."""
         reports.begin_started()
-        throttle = ProgressThrottle(self.config.progress_interval_s, reports.progress)
+        throttle = ProgressThrottle(
+            self.config.progress_interval_s,
+            reports.progress,
+            takes_one=self._breaks("progress_one"),
+        )
         try:
             outcome = await run_behaviour(task_input, attempt, throttle.offer)
         except Exception:
@@ -927,6 +985,9 @@ class RawWorker:
         _logger.info("poison: %s (task id %s)", error, error.task_id)
         requeue = self._breaks("poison_requeued")
         if error.task_id is None:
+            if self._breaks("poison_acked"):
+                await settle(message.ack())  # nothing reaches a dead-letter exchange
+                return
             await settle(message.nack(requeue=True) if requeue else message.reject(requeue=False))
             return
         attempt = self._attempt(message, error.task_id)

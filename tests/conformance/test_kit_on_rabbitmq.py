@@ -9,7 +9,9 @@ at a time (a module fixture), and each test reads its own run's verdicts:
   every case passes;
 - the hand-rolled worker of ``tests/conformance/raw_worker.py`` (aio-pika and the protocol
   module, no engine): every case passes;
-- the same worker with one rule broken (``BREAK``): exactly the case of that rule fails.
+- the same worker with mutants (``BREAK``, several at once, one per case: ``mutants.GROUPS``):
+  exactly the cases of its mutants fail, each naming its mutant's problem. The mapping is
+  docs/conformance.md's table "Each mutant against the case that fails it".
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conformance.mutants import GROUPS, MUTANTS, group_of
 from tests.integration.conftest import (
     BROKER_USER,
     RABBITMQCTL,
@@ -40,15 +43,6 @@ __all__ = ["broker", "broker_status"]
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
-#: Each broken worker, and the one case its defect must fail.
-BROKEN = {
-    "ack_early": "acknowledgement",
-    "unsorted_keys": "encoding",
-    "progress_after_terminal": "order",
-    "local_attempts": "retries",
-    "poison_requeued": "decoding",
-    "depth_unchecked": "limits",
-}
 ALL_CASES = {
     "round_trip",
     "decoding",
@@ -63,10 +57,14 @@ REFERENCE = "examples.conformance_worker:worker"
 
 @dataclass
 class Run:
-    """One kit run: its exit code, the verdict of each case, and the kit's and worker's output."""
+    """One kit run: its exit code, the verdict of each case, and the kit's and worker's output.
+
+    ``problems``: the failure text of each failed case (its lines, one a problem).
+    """
 
     code: int
     verdicts: dict[str, str]
+    problems: dict[str, str]
     output: str
     worker_log: Path
 
@@ -77,16 +75,18 @@ class Run:
         return f"{self.output}\n--- worker ---\n{self.worker_log.read_text()[-3000:]}"
 
 
-def _verdicts(junit: Path) -> dict[str, str]:
-    verdicts = {}
+def _verdicts(junit: Path) -> tuple[dict[str, str], dict[str, str]]:
+    verdicts, problems = {}, {}
     for case in ET.parse(junit).getroot().iter("testcase"):  # noqa: S314 - our own file
-        if case.find("failure") is not None:
+        failure = case.find("failure")
+        if failure is not None:
             verdicts[str(case.get("name"))] = "fail"
+            problems[str(case.get("name"))] = failure.text or ""
         elif case.find("skipped") is not None:
             verdicts[str(case.get("name"))] = "skip"
         else:
             verdicts[str(case.get("name"))] = "pass"
-    return verdicts
+    return verdicts, problems
 
 
 @dataclass
@@ -152,8 +152,8 @@ def _kit(subject: _Subject, logs: Path) -> Run:
             check=False,
         )
         text = kit.stdout.decode(errors="replace")
-        verdicts = _verdicts(junit) if junit.exists() else {}
-        return Run(kit.returncode, verdicts, text, subject.log)
+        verdicts, problems = _verdicts(junit) if junit.exists() else ({}, {})
+        return Run(kit.returncode, verdicts, problems, text, subject.log)
     finally:
         if subject.worker.poll() is None:
             subject.worker.terminate()
@@ -179,7 +179,7 @@ def runs(broker: None, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Ru
             {},
         ),
         ("raw", raw, small),
-        *((mode, raw, {**small, "BREAK": mode}) for mode in BROKEN),
+        *((group_of(group[0]), raw, {**small, "BREAK": ",".join(group)}) for group in GROUPS),
     ]
 
     def one(start: tuple[str, list[str], dict[str, str]]) -> tuple[str, Run]:
@@ -204,11 +204,21 @@ def test_a_hand_rolled_worker_that_keeps_every_rule_passes_every_case(
     assert run.verdicts == dict.fromkeys(ALL_CASES, "pass"), run.explain()
 
 
-@pytest.mark.parametrize(("mode", "case"), list(BROKEN.items()))
-def test_a_worker_that_breaks_one_rule_fails_that_case_alone(
-    runs: dict[str, Run], mode: str, case: str
+@pytest.mark.parametrize("group", GROUPS, ids=[group_of(group[0]) for group in GROUPS])
+def test_a_worker_with_mutants_fails_their_cases_and_no_other(
+    runs: dict[str, Run], group: tuple[str, ...]
 ) -> None:
-    run = runs[mode]
+    run = runs[group_of(group[0])]
     assert run.code == 1, run.explain()
-    assert run.failed() == {case}, run.explain()
     assert set(run.verdicts) == ALL_CASES, run.explain()
+    assert run.failed() == {MUTANTS[mode].case for mode in group}, run.explain()
+
+
+@pytest.mark.parametrize("mode", list(MUTANTS))
+def test_each_mutant_fails_its_case_with_a_line_that_names_it(
+    runs: dict[str, Run], mode: str
+) -> None:
+    mutant = MUTANTS[mode]
+    run = runs[group_of(mode)]
+    assert run.verdicts.get(mutant.case) == "fail", run.explain()
+    assert mutant.line in run.problems[mutant.case], run.explain()

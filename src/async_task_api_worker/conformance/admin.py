@@ -1,11 +1,13 @@
 """What the kit asks of the broker's operator tool: a policy, and a queue's unacked count.
 
-One case needs more than AMQP: to see that a worker acks only after its terminal report, the
+Two cases need more than AMQP. To see that a worker acks only after its terminal report, the
 kit holds the output queue full (a ``max-length`` policy with ``reject-publish``) and reads the
-vhost's unacknowledged deliveries, which AMQP does not report. Both go through
-``rabbitmqctl`` (the broker's own CLI: ``set_policy``, ``clear_policy``, ``list_channels``),
-scoped to the worker's vhost and to one queue name; without it, that case is skipped. Run
-the worker under test in a vhost of its own: the unacked count is the vhost's.
+vhost's unacknowledged deliveries, which AMQP does not report. To see that a worker rejects a
+body rather than acking it, the kit gives the input queue a dead-letter exchange of its own (a
+``dead-letter-exchange`` policy). All go through ``rabbitmqctl`` (the broker's own CLI:
+``set_policy``, ``clear_policy``, ``list_channels``), scoped to the worker's vhost and to one
+queue name; without it, the first case is skipped and the second notes what it did not check.
+Run the worker under test in a vhost of its own: the unacked count is the vhost's.
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ from typing import Final
 
 __all__ = ["HOLD_POLICY", "Admin", "AdminError"]
 
-#: The name of the kit's temporary policy (removed at the end of its case, whatever happens).
+#: The name of the kit's temporary policy, the hold or the dead-letter target (one at a time,
+#: removed at the end of its case whatever happens): one ``release`` removes what a killed run
+#: left.
 HOLD_POLICY: Final = "atw-conformance-hold"
 #: Above any policy an operator sets: a queue takes the one policy of highest priority.
 _HOLD_PRIORITY: Final = 999
@@ -55,7 +59,16 @@ class Admin:
 
         A quorum queue refuses only once it is over its limit: it takes one message more.
         """
-        definition = json.dumps({"max-length": 0, "overflow": "reject-publish"})
+        await self._set_policy(queue, {"max-length": 0, "overflow": "reject-publish"})
+
+    async def dead_letter(self, queue: str, exchange: str) -> None:
+        """Dead-letter what ``queue`` rejects to ``exchange`` (a ``dead-letter-exchange`` policy).
+
+        A quorum queue dead-letters at most once by default, which needs no other key.
+        """
+        await self._set_policy(queue, {"dead-letter-exchange": exchange})
+
+    async def _set_policy(self, queue: str, definition: dict[str, object]) -> None:
         await self._call(
             "set_policy",
             "-p",
@@ -66,7 +79,7 @@ class Admin:
             str(_HOLD_PRIORITY),
             HOLD_POLICY,
             f"^{re.escape(queue)}$",
-            definition,
+            json.dumps(definition),
         )
 
     async def holding(self, queue: str) -> bool:
@@ -77,7 +90,7 @@ class Admin:
         return any(line.split("\t")[:2] == [queue, HOLD_POLICY] for line in out.splitlines())
 
     async def release(self) -> None:
-        """Remove the hold (a no-op when there is none)."""
+        """Remove the kit's policy, the hold or the dead-letter target (a no-op: none)."""
         try:
             await self._call("clear_policy", "-p", self.vhost, HOLD_POLICY)
         except AdminError as exc:

@@ -92,6 +92,8 @@ async def _run_case(case: Case, wire: Wire, setup: Setup) -> Verdict:
         return Verdict(case.name, case.checks, Outcome.SKIP, (str(skip),), _since(started))
     except Exception as exc:  # a case that cannot finish fails, and says why
         found.problems.append(f"the case stopped: {type(exc).__name__}: {exc}"[:300])
+    # The rules every report keeps, whatever its case: one place, so no case can forget them.
+    found.problems.extend(wire.broken_rules(setup.service))
     outcome = Outcome.FAIL if found.problems else Outcome.PASS
     return Verdict(
         case.name, case.checks, outcome, (*found.problems, *found.notes), _since(started)

@@ -34,6 +34,7 @@ __all__ = [
     "error_code",
     "kinds",
     "one_success",
+    "per_attempt",
     "task_id",
     "terminal",
 ]
@@ -124,6 +125,20 @@ def envelope(setup: Setup, tid: str, task_input: Any, **fields: Any) -> bytes:
 def kinds(reports: list[Seen]) -> str:
     """The reports' types, comma-separated (``nothing`` for none), for a verdict's line."""
     return ",".join(str(seen.type) for seen in reports) or "nothing"
+
+
+def per_attempt(reports: list[Seen]) -> list[tuple[Any, str | None]]:
+    """The reports' ``(attempt, type)``, progress left out and a pair repeated in a row once.
+
+    What came at which attempt, for the cases that judge attempts: how many reports of a kind
+    one delivery sends is the ``order`` case's rule.
+    """
+    pairs: list[tuple[Any, str | None]] = []
+    for seen in reports:
+        pair = ((seen.document or {}).get("attempt"), seen.type)
+        if seen.type != "progress" and pair not in pairs[-1:]:
+            pairs.append(pair)
+    return pairs
 
 
 def terminal(reports: list[Seen]) -> Seen | None:

@@ -5,12 +5,12 @@ See ``conformance.case`` for what a case is; docs/protocol.md for the rules.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from typing import Any
 
 from async_task_api_worker.conformance.case import (
     CATCH_WINDOW_S,
-    CLIENT_ID,
     Findings,
     Setup,
     envelope,
@@ -19,6 +19,7 @@ from async_task_api_worker.conformance.case import (
     one_success,
     task_id,
 )
+from async_task_api_worker.conformance.dead_letters import DeadLetters, dead_letter_target
 from async_task_api_worker.conformance.wire import Wire
 from async_task_api_worker.protocol.codes import ErrorCode
 from async_task_api_worker.protocol.encoding import MAX_NESTING_DEPTH
@@ -49,84 +50,117 @@ async def round_trip(wire: Wire, setup: Setup, found: Findings) -> None:
 
 
 async def decoding(wire: Wire, setup: Setup, found: Findings) -> None:
-    """Poison bodies: one ``failure POISON_MESSAGE`` when the id is readable, else nothing.
+    """Poison bodies: one ``failure POISON_MESSAGE`` when the id is readable, else a reject.
 
     docs/protocol.md, "Decoding and poison messages": with a readable task id, one failure
-    (no ``started``), acked; without one, no report and a reject (never requeued). A bad input
-    is ``INVALID_INPUT``. The worker serves the next task.
+    (no ``started``), acked; without one, no report and a reject (never requeued, never acked),
+    seen at a dead-letter target of the kit's own (``conformance.dead_letters``; not checked
+    without ``rabbitmqctl``). A bad input is ``INVALID_INPUT``. The worker serves the next task.
+    The failures' ``client_id`` (the one recovered) and ``service`` are checked with every
+    report's (``conformance.report_rules``).
     """
-    service = setup.service
-    with_id: list[tuple[str, bytes, str | None, str]] = []  # id, body, client id, what
-    n = 0
+    with_id, without_id = _poison_bodies(setup)
+    invalid_input = task_id(setup, "decoding", len(with_id) + len(without_id) + 1)
+    sentinel = task_id(setup, "decoding", len(with_id) + len(without_id) + 2)
+    async with contextlib.AsyncExitStack() as stack:
+        letters = await _dead_letter_target(stack, wire, setup, found)
+        for tid, body, _ in with_id:
+            await wire.publish(body, message_id=tid)
+        for _, body, _ in without_id:
+            await wire.publish(body)
+        await wire.publish(envelope(setup, invalid_input, {"behaviour": "dance"}))
+        await wire.publish(envelope(setup, sentinel, {"behaviour": "succeed"}))
 
-    def next_id() -> str:
-        nonlocal n
-        n += 1
-        return task_id(setup, "decoding", n)
-
-    tid = next_id()
-    with_id.append((tid, envelope(setup, tid, {}, protocol_version=2), CLIENT_ID, "version 2"))
-    tid = next_id()
-    with_id.append((tid, envelope(setup, tid, "text"), CLIENT_ID, "input not an object"))
-    tid = next_id()
-    with_id.append(
-        (tid, envelope(setup, tid, {}, service=f"not-{service}"), CLIENT_ID, "another service")
-    )
-    tid = next_id()
-    body = envelope(setup, tid, {}, client_id=None)
-    with_id.append((tid, body, None, "client_id null"))
-    without_id: list[tuple[str, bytes, str]] = []
-    tid = next_id()
-    without_id.append((tid, b'\xff\xfe{"task_id":"' + tid.encode() + b'"}', "not UTF-8"))
-    tid = next_id()
-    without_id.append((tid, b'{"task_id":"' + tid.encode() + b'","input":{', "truncated JSON"))
-    tid = next_id()
-    without_id.append((tid, json.dumps([tid]).encode(), "an array"))
-    tid = next_id()
-    bad = f"bad id {tid}"
-    without_id.append((bad, envelope(setup, bad, {"behaviour": "succeed"}), "task id with spaces"))
-    invalid_input = next_id()
-    sentinel = next_id()
-
-    for tid, body, _, _ in with_id:
-        await wire.publish(body, message_id=tid)
-    for _, body, _ in without_id:
-        await wire.publish(body)
-    await wire.publish(envelope(setup, invalid_input, {"behaviour": "dance"}))
-    await wire.publish(envelope(setup, sentinel, {"behaviour": "succeed"}))
-
-    for tid, _, client_id, what in with_id:
-        reports = await wire.wait_terminal(tid)
-        ok = found.expect(
-            len(reports) == 1 and error_code(reports[0]) == ErrorCode.POISON_MESSAGE,
-            f"{what}: expected one failure POISON_MESSAGE, saw {kinds(reports)}",
+        for tid, _, what in with_id:
+            reports = await wire.wait_terminal(tid)
+            found.expect(
+                len(reports) == 1 and error_code(reports[0]) == ErrorCode.POISON_MESSAGE,
+                f"{what}: expected one failure POISON_MESSAGE, saw {kinds(reports)}",
+            )
+        reports = await wire.wait_terminal(invalid_input)
+        found.expect(
+            [seen.type for seen in reports] == ["failure"]
+            and error_code(reports[0]) == ErrorCode.INVALID_INPUT,
+            f"an unknown behaviour: expected one failure INVALID_INPUT, saw {kinds(reports)}",
         )
-        if ok and reports[0].document is not None:
-            document = reports[0].document
-            found.expect(
-                document.get("client_id") == client_id,
-                f"{what}: client_id {document.get('client_id')!r}, not {client_id!r}",
-            )
-            found.expect(
-                document.get("service") == service,
-                f"{what}: the failure's service is not the worker's own",
-            )
-    reports = await wire.wait_terminal(invalid_input)
-    found.expect(
-        [seen.type for seen in reports] == ["failure"]
-        and error_code(reports[0]) == ErrorCode.INVALID_INPUT,
-        f"an unknown behaviour: expected one failure INVALID_INPUT, saw {kinds(reports)}",
-    )
-    reports = await wire.wait_terminal(sentinel)
-    one_success(found, sentinel, reports, "the task after the poison bodies")
-    caught = await wire.catch_requeued(CATCH_WINDOW_S)
-    found.expect(not caught, f"{len(caught)} poison bodies still or again in the input queue")
-    for tid, _, what in without_id:
-        reports = wire.reports(tid)
-        found.expect(not reports, f"{what}: {len(reports)} reports for an unreadable task id")
+        reports = await wire.wait_terminal(sentinel)
+        one_success(found, sentinel, reports, "the task after the poison bodies")
+        caught = await wire.catch_requeued(CATCH_WINDOW_S)
+        found.expect(not caught, f"{len(caught)} poison bodies still or again in the input queue")
+        for tid, _, what in without_id:
+            reports = wire.reports(tid)
+            found.expect(not reports, f"{what}: {len(reports)} reports for an unreadable task id")
+        if letters is not None:
+            settled = [entry for entry in without_id if entry[1] not in caught]
+            # Rejected before the sentinel's success, as a rule; a worker that acked them makes
+            # the kit wait this long.
+            await letters.wait_for([body for _, body, _ in settled], CATCH_WINDOW_S)
+            _rejected(found, letters, with_id, settled)
     found.notes.append(
-        f"{len(with_id)} bodies with a task id, {len(without_id)} without, one bad input"
+        f"{len(with_id)} bodies with a task id, {len(without_id)} without"
+        + (" (their rejects checked)" if letters is not None else "")
+        + ", one bad input"
     )
+
+
+Bodies = list[tuple[str, bytes, str]]  # task id, body, what it is
+
+
+def _poison_bodies(setup: Setup) -> tuple[Bodies, Bodies]:
+    """The ``decoding`` case's poison bodies: those whose task id is readable, those without."""
+    tids = [task_id(setup, "decoding", n) for n in range(1, 9)]
+    with_id = [
+        (tids[0], envelope(setup, tids[0], {}, protocol_version=2), "version 2"),
+        (tids[1], envelope(setup, tids[1], "text"), "input not an object"),
+        (tids[2], envelope(setup, tids[2], {}, service=f"not-{setup.service}"), "another service"),
+        (tids[3], envelope(setup, tids[3], {}, client_id=None), "client_id null"),
+    ]
+    bad = f"bad id {tids[7]}"
+    without_id = [
+        (tids[4], b'\xff\xfe{"task_id":"' + tids[4].encode() + b'"}', "not UTF-8"),
+        (tids[5], b'{"task_id":"' + tids[5].encode() + b'","input":{', "truncated JSON"),
+        (tids[6], json.dumps([tids[6]]).encode(), "an array"),
+        (bad, envelope(setup, bad, {"behaviour": "succeed"}), "task id with spaces"),
+    ]
+    return with_id, without_id
+
+
+async def _dead_letter_target(
+    stack: contextlib.AsyncExitStack, wire: Wire, setup: Setup, found: Findings
+) -> DeadLetters | None:
+    """The kit's dead-letter target for the rest of ``stack``; ``None`` (and a note) if none."""
+    if setup.admin is None:
+        found.notes.append(f"rejects not checked: {setup.admin_missing}")
+        return None
+    name = f"atw-conformance-dead-{setup.run_id}"
+    letters = await stack.enter_async_context(dead_letter_target(wire, setup.admin, name))
+    if letters.missing:
+        found.notes.append(f"rejects not checked: {letters.missing}")
+        return None
+    return letters
+
+
+def _rejected(
+    found: Findings,
+    letters: DeadLetters,
+    with_id: Bodies,
+    without_id: Bodies,
+) -> None:
+    """Each body without a task id dead-lettered as rejected; none with one (those are acked).
+
+    ``without_id`` leaves out the bodies caught in the input queue (requeued: said already).
+    """
+    for _, body, what in without_id:
+        reason = letters.arrived.get(body)
+        if found.expect(
+            body in letters.arrived, f"{what}: acked, not rejected (never dead-lettered)"
+        ):
+            found.expect(reason == "rejected", f"{what}: dead-lettered for {reason}, not rejected")
+    for _, body, what in with_id:
+        found.expect(
+            body not in letters.arrived,
+            f"{what}: rejected, but a body whose task id was read is acked after its failure",
+        )
 
 
 # ------------------------------------------------------------------------------- limits

@@ -21,12 +21,44 @@ from async_task_api_worker.conformance.case import (
     terminal,
 )
 from async_task_api_worker.conformance.wire import Seen, Wire
-from async_task_api_worker.protocol.encoding import canonical_dumps
+from async_task_api_worker.protocol.codes import MAX_ERROR_MESSAGE_CHARS
+from async_task_api_worker.protocol.encoding import canonical_dumps, strict_loads
 from async_task_api_worker.protocol.reports import TIMESTAMP_PATTERN
 
-__all__ = ["check_encoding", "encoding", "order", "schema_validator"]
+__all__ = ["LONG_MESSAGE", "check_encoding", "cut_problem", "encoding", "order", "schema_validator"]
 
 # ------------------------------------------------------------------------------- encoding
+
+#: A handler's message of 1,500 characters (code points), some of two UTF-8 bytes, some of
+#: four (and two UTF-16 units): a worker must report its first 1,024 characters.
+LONG_MESSAGE: Final = "abcdé😀" * 250
+
+
+def cut_problem(sent: str, reported: object) -> str | None:
+    """Why ``reported`` (a failure's ``error.message``) is not what the worker must report.
+
+    docs/protocol.md, "Error codes": a message is at most 1,024 characters (code points), and
+    the worker cuts a longer one: the kit requires the handler's message cut to its first
+    :data:`~async_task_api_worker.protocol.MAX_ERROR_MESSAGE_CHARS` characters, as this SDK
+    cuts it (a shorter message whole).
+
+    Returns:
+        The problem in a phrase; ``None`` when ``reported`` is that.
+    """
+    limit = MAX_ERROR_MESSAGE_CHARS
+    if reported == sent[:limit]:
+        return None
+    if not isinstance(reported, str):
+        return f"error.message is {type(reported).__name__}, not a string"
+    if len(reported) > limit:
+        return (
+            f"error.message of {len(reported):,} characters, over the limit of {limit:,}: "
+            f"a longer message is cut to its first {limit:,}"
+        )
+    return f"error.message ({len(reported):,} characters) is not the handler's message" + (
+        f" cut to its first {limit:,} characters" if len(sent) > limit else ""
+    )
+
 
 _TRICKY_OUTPUT: Final[dict[str, Any]] = {
     "z": 1,
@@ -76,7 +108,9 @@ def check_encoding(
         f"{seen.body[:80]!r}",
     )
     if validate is not None:
-        errors = validate(document)
+        # The schema's verdict as any validator gives it, on the body read the usual way: it
+        # takes 1.0 for an integer, and the number types are report_rules' to judge.
+        errors = validate(strict_loads(seen.body.decode()))
         found.expect(not errors, f"{label}: not valid against report.schema.json: {errors[:2]}")
     props = seen.properties
     kind = document.get("type")
@@ -96,7 +130,7 @@ def check_encoding(
     )
     stamp = document.get("timestamp")
     if isinstance(stamp, str) and found.expect(
-        re.match(TIMESTAMP_PATTERN, stamp) is not None, f"{label}: timestamp {stamp!r}"
+        re.match(TIMESTAMP_PATTERN, stamp, re.ASCII) is not None, f"{label}: timestamp {stamp!r}"
     ):
         seconds = int(datetime.fromisoformat(stamp).timestamp())
         found.expect(
@@ -137,6 +171,11 @@ async def encoding(wire: Wire, setup: Setup, found: Findings) -> None:
             "payload": payload,
             "output": {"done": True},
         },
+        task_id(setup, "encoding", 4): {
+            "behaviour": "fail",
+            "code": "CONFORMANCE_CODE",
+            "message": LONG_MESSAGE,
+        },
     }
     for tid, task_input in tasks.items():
         await wire.publish(envelope(setup, tid, task_input), message_id=tid)
@@ -173,10 +212,14 @@ async def encoding(wire: Wire, setup: Setup, found: Findings) -> None:
                     f"{tid}: the progress report is not the fraction and payload reported",
                 )
             if seen.type == "failure" and task_input["behaviour"] == "fail":
+                error = document.get("error")
+                error = error if isinstance(error, dict) else {}
                 found.expect(
-                    document.get("error") == {"code": "CONFORMANCE_CODE", "message": message},
-                    f"{tid}: the error is not the handler's code and message",
+                    error.get("code") == "CONFORMANCE_CODE" and error.keys() == {"code", "message"},
+                    f"{tid}: the error is not the handler's code and a message",
                 )
+                problem = cut_problem(task_input["message"], error.get("message"))
+                found.expect(problem is None, f"{tid}: {problem}")
         if reports:
             found.expect(
                 reports[0].properties.get("message_id") == f"{tid}/1/0",
@@ -189,13 +232,16 @@ async def encoding(wire: Wire, setup: Setup, found: Findings) -> None:
 
 
 async def order(wire: Wire, setup: Setup, found: Findings) -> None:
-    """``started`` first, progress non-decreasing and throttled, one terminal, nothing after.
+    """``started`` once and first, progress non-decreasing and throttled, one terminal, no more.
 
     docs/protocol.md, "Reports" and "Ordering and duplicates". A held update may be flushed
-    right before the terminal report, so the spacing is checked between the others.
+    right before the terminal report, so the spacing is checked between the others. The rapid
+    task's last update is 1.0, out of range: it is never reported.
     """
     interval = setup.progress_interval_s
-    rapid = [round(0.1 * step, 1) for step in range(1, 10)]
+    # The last update is 1.0, which a worker never reports (the terminal report is the 100 %):
+    # every report's fraction is checked to be below 1 (conformance.report_rules).
+    rapid = [round(0.1 * step, 1) for step in range(1, 11)]
     spaced = [0.2, 0.4, 0.6]
     tasks: dict[str, dict[str, Any]] = {
         task_id(setup, "order", 1): {"behaviour": "progress", "fractions": rapid},
@@ -214,7 +260,10 @@ async def order(wire: Wire, setup: Setup, found: Findings) -> None:
         if not found.expect(bool(reports), f"{tid}: no report"):
             continue
         found.expect(types[0] == "started", f"{tid}: the first report is {types[0]}")
-        found.expect(types.count("started") == 1, f"{tid}: {types.count('started')} started")
+        found.expect(
+            types.count("started") == 1,
+            f"{tid}: {types.count('started')} started reports in one delivery, not one",
+        )
         terminals = [i for i, seen in enumerate(reports) if seen.terminal]
         if not found.expect(len(terminals) == 1, f"{tid}: {len(terminals)} terminal reports"):
             continue
@@ -242,6 +291,6 @@ async def order(wire: Wire, setup: Setup, found: Findings) -> None:
         if task_input["fractions"] is rapid:
             found.expect(
                 len(progress) <= 2,
-                f"{tid}: {len(progress)} progress reports for 9 updates made at once "
+                f"{tid}: {len(progress)} progress reports for {len(rapid)} updates made at once "
                 f"(throttled: at most one per {interval} s, and a last one flushed)",
             )

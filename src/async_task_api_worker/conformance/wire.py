@@ -13,6 +13,10 @@ queue, and keys what it sees by task id. Two things it does that no producer doe
   was settled, takes whatever is still or again in the queue: a body settled for good never
   comes back.
 
+Every report it reads is kept as it arrived, its number types kept
+(``report_rules.Seen``), and held to the rules every report keeps, whatever the case
+(:meth:`Wire.broken_rules`).
+
 Run it against a service of its own: it consumes the output queue, and a borrowed or caught
 message of another producer would be given back with its count raised.
 """
@@ -21,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -38,6 +41,7 @@ from aio_pika.abc import (
 )
 from aio_pika.exceptions import AMQPError, DeliveryError
 
+from async_task_api_worker.conformance.report_rules import ReportRules, Seen, read_json
 from async_task_api_worker.transports.rabbitmq.topology import queue_type
 
 __all__ = ["BORROW_PRIORITY", "Seen", "Wire"]
@@ -46,45 +50,11 @@ __all__ = ["BORROW_PRIORITY", "Seen", "Wire"]
 BORROW_PRIORITY: Final = 1_000_000
 
 
-@dataclass(frozen=True, slots=True)
-class Seen:
-    """One report as it arrived.
-
-    Attributes:
-        body: the exact bytes.
-        document: the body read as JSON (``None`` when it is not a JSON object).
-        properties: the AMQP properties the protocol names (``content_type``, ``message_id``...;
-            ``timestamp`` in seconds since the epoch, a fraction when the worker wrote
-            milliseconds, ``None`` when absent).
-        at: when it arrived, on the kit's monotonic clock, in seconds.
-    """
-
-    body: bytes
-    document: dict[str, Any] | None
-    properties: dict[str, Any]
-    at: float
-
-    @property
-    def type(self) -> str | None:
-        """The report's ``type`` field, if it has one."""
-        value = None if self.document is None else self.document.get("type")
-        return value if isinstance(value, str) else None
-
-    @property
-    def terminal(self) -> bool:
-        """Whether this is a ``success`` or a ``failure``."""
-        return self.type in ("success", "failure")
-
-
 def _read(message: AbstractIncomingMessage) -> Seen:
-    try:
-        document = json.loads(message.body)
-    except ValueError:
-        document = None
     stamp = message.timestamp
     return Seen(
         body=message.body,
-        document=document if isinstance(document, dict) else None,
+        document=read_json(message.body),
         properties={
             "content_type": message.content_type,
             "content_encoding": message.content_encoding,
@@ -118,6 +88,8 @@ class Wire:
     _reading: str | None = None
     _reports: dict[str | None, list[Seen]] = field(default_factory=lambda: defaultdict(list))
     _arrived: asyncio.Event = field(default_factory=asyncio.Event)
+    _rules: ReportRules = field(default_factory=ReportRules)
+    _unchecked: list[Seen] = field(default_factory=list)
 
     @classmethod
     async def open(cls, url: str, in_queue: str, out_queue: str, timeout_s: float) -> Wire:
@@ -211,11 +183,21 @@ class Wire:
         seen = _read(message)
         task_id = None if seen.document is None else seen.document.get("task_id")
         self._reports[task_id if isinstance(task_id, str) else None].append(seen)
+        self._unchecked.append(seen)
         self._arrived.set()
 
     def reports(self, task_id: str) -> list[Seen]:
         """The reports of ``task_id`` so far, in their order of arrival."""
         return list(self._reports.get(task_id, ()))
+
+    def broken_rules(self, service: str) -> list[str]:
+        """What the reports read since the last call break of the rules every report keeps.
+
+        ``service`` is the worker's own name. The rules are ``conformance.report_rules``'s; each
+        is reported once a run.
+        """
+        unchecked, self._unchecked = self._unchecked, []
+        return [problem for seen in unchecked for problem in self._rules.check(seen, service)]
 
     async def publish(
         self, body: bytes, *, message_id: str | None = None, headers: dict[str, Any] | None = None
@@ -230,6 +212,7 @@ class Wire:
         """
         if self._channel is None:
             raise RuntimeError("Wire.open() was not awaited")
+        self._rules.sent(body)  # what the task's reports must echo
         message = aio_pika.Message(
             body,
             content_type="application/json",

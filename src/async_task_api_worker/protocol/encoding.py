@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Callable
 from typing import Any, NoReturn
 
 from async_task_api_worker.errors import ReportEncodeError
@@ -238,10 +239,15 @@ def _finite_float(text: str) -> float:
     return number
 
 
-def strict_loads(text: str) -> Any:
+def strict_loads(text: str, *, float_type: Callable[[float], float] = float) -> Any:
     """Parse JSON text strictly: NaN and the infinities are refused.
 
     Duplicate keys keep the last value (as RFC 8259 leaves it to the reader and most readers do).
+
+    Args:
+        text: the JSON text.
+        float_type: what a number written with a fraction or an exponent becomes (called with
+            its ``float``); the conformance kit passes a float that never equals an integer.
 
     Raises:
         json.JSONDecodeError: the text is not JSON (message and position, never the text).
@@ -250,7 +256,11 @@ def strict_loads(text: str) -> Any:
         ValueError: an integer over 4,300 digits (``sys.get_int_max_str_digits()``).
         RecursionError: nesting beyond the interpreter's recursion limit.
     """
-    return json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
+    if float_type is float:
+        return json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
+    return json.loads(
+        text, parse_constant=_reject_constant, parse_float=lambda s: float_type(_finite_float(s))
+    )
 
 
 def nesting_depth(value: Any) -> int:

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from async_task_api_worker.conformance.admin import Admin, AdminError
+from async_task_api_worker.conformance.admin import HOLD_POLICY, Admin, AdminError
 from async_task_api_worker.conformance.battery import (
     Battery,
     Outcome,
@@ -175,6 +175,19 @@ async def test_the_hold_policy_is_scoped_to_the_vhost_and_the_one_queue(tmp_path
     assert "set_policy -p v1" in call
     assert r"^svc_queue\.out$" in call
     assert '"overflow": "reject-publish"' in call
+
+
+async def test_the_dead_letter_policy_is_the_kits_one_policy_on_the_one_queue(
+    tmp_path: Path,
+) -> None:
+    admin = Admin(_fake_rabbitmqctl(tmp_path, ""), "v1")
+    await admin.dead_letter("svc_queue.in", "atw-conformance-dead-r1")
+    await admin.release()
+    set_call, clear_call = (tmp_path / "calls").read_text().splitlines()
+    assert set_call.startswith(f"set_policy -p v1 --apply-to queues --priority 999 {HOLD_POLICY} ")
+    assert r"^svc_queue\.in$" in set_call
+    assert set_call.endswith('{"dead-letter-exchange": "atw-conformance-dead-r1"}')
+    assert clear_call == f"clear_policy -p v1 {HOLD_POLICY}"
 
 
 async def test_a_failing_rabbitmqctl_is_an_admin_error_naming_its_last_line(
