@@ -60,8 +60,7 @@ def _locked() -> Iterator[None]:
 
 def _npm_ci(scratch: Path) -> None:
     npm = shutil.which("npm")
-    if npm is None or shutil.which("node") is None:
-        raise ToolsUnavailableError("node and npm are not both installed")
+    assert npm is not None, "install() checks it"
     for name in PINNED:
         shutil.copyfile(HERE / name, scratch / name)
     command = [
@@ -90,6 +89,8 @@ def install() -> Path:
     Raises:
         ToolsUnavailableError: they are not installed, and cannot be.
     """
+    if shutil.which("node") is None or shutil.which("npm") is None:
+        raise ToolsUnavailableError("node and npm are not both installed")
     target = CACHE / _digest()
     if (target / "node_modules").is_dir():
         return target

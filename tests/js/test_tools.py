@@ -1,13 +1,19 @@
-"""The JavaScript tools' pins (``tests/js/package.json``, ``package-lock.json``): no npm needed."""
+"""The JavaScript tools' pins (``tests/js/package.json``, ``package-lock.json``), and their
+install without npm: no npm needed.
+"""
 
 from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests import asyncapi_specs
-from tests.js.tools import HERE
+from tests.js import tools
+from tests.js.tools import HERE, ToolsUnavailableError
 
 
 def _read(name: str) -> dict[str, Any]:
@@ -34,3 +40,13 @@ def test_the_parser_reads_the_asyncapi_schema_the_python_check_uses() -> None:
         asyncapi_specs.VERSION,
         asyncapi_specs.INTEGRITY,
     )
+
+
+def test_without_npm_the_tools_are_unavailable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(tools, "CACHE", tmp_path)
+    monkeypatch.setattr(tools.shutil, "which", lambda name: None if name == "npm" else name)
+    with pytest.raises(ToolsUnavailableError, match="node and npm are not both installed"):
+        tools.install()
+    assert list(tmp_path.iterdir()) == []
