@@ -52,8 +52,13 @@ def report_schema() -> dict[str, Any]:
     The canonical encoder writes every field of a report, ``payload: null`` and
     ``protocol_version`` included, so every property of each report type is made required
     (pydantic leaves fields with a default out of ``required``).
+
+    pydantic's OpenAPI ``discriminator`` is left out: it is no JSON Schema keyword (ajv's
+    strict mode refuses it, and ajv's own reading of it refuses its ``mapping``), and the
+    ``oneOf`` is already decided by each branch's required ``type`` ``const``.
     """
     schema = TypeAdapter(Report).json_schema(mode="validation")
+    schema.pop("discriminator", None)
     for model in _REPORT_MODELS:
         definition = schema["$defs"][model]
         definition["required"] = list(definition["properties"])

@@ -17,12 +17,14 @@ Three kinds (docs/protocol.md, "Golden vectors"):
   gives, either ``{"envelope": {...}}`` (the decoded fields, as ``model_dump(mode="json")``) or
   ``{"poison": reason, "task_id": ..., "client_id": ...}``; plus ``max_body_bytes`` when the
   case needs a limit other than the default, ``worker_service`` when the worker's own name
-  matters, and ``schema_valid``: whether the body, read as JSON, passes envelope.schema.json
-  (``null`` when it is not JSON at all).
+  matters, ``schema_valid``: whether the body, read as JSON, passes envelope.schema.json
+  (``null`` when it is not JSON at all), and ``schema_valid_formats``: the same with the
+  schema's formats enforced (``date-time``, by RFC 3339).
 - ``cancels/NNN-name.bin``: a cancel request's body; ``cancels/NNN-name.json``: what decoding it
   gives, either ``{"cancel": {...}, "canonical": bool}`` (the decoded fields; ``canonical``:
   whether ``encode_cancel`` of those fields gives the ``.bin``, then with its ``properties``) or
-  ``{"refused": reason}``; plus ``schema_valid`` against cancel.schema.json, as above.
+  ``{"refused": reason}``; plus ``schema_valid`` and ``schema_valid_formats`` against
+  cancel.schema.json, as above.
 - ``manifest.json``: every vector's kind, id, two files, description, the rule it pins (a
   docs/protocol.md section title, from :class:`Section`, and a phrase) and what it expects in
   brief; the shape is in ``conformance/golden.py``. It is written from the same case table.
@@ -44,7 +46,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from jsonschema import Draft202012Validator
+from jsonschema import Draft202012Validator, FormatChecker
 from pydantic import TypeAdapter
 
 from async_task_api_worker.conformance.golden import FOLDERS, FORMAT_VERSION, MANIFEST_NAME
@@ -574,6 +576,8 @@ class EnvelopeCase:
     extra: dict[str, Any] = field(default_factory=dict)
     section: Section = field(kw_only=True)
     rule: str = field(kw_only=True)
+    #: The schema takes the body, but not once its formats are enforced (a date-time).
+    refused_by_formats: bool = field(default=False, kw_only=True)
 
 
 _MINIMAL = _body()
@@ -868,11 +872,12 @@ ENVELOPE_CASES: list[EnvelopeCase] = [
     ),
     EnvelopeCase(
         "created-at-no-offset",
-        "created_at without an offset (format only, the schema does not catch it)",
+        "created_at without an offset (the schema catches it only with its formats enforced)",
         _body(created_at="2026-11-29T22:48:46"),
         poison=PoisonReason.INVALID_ENVELOPE,
         section=Section.ENVELOPE,
         rule="created_at needs Z or an offset",
+        refused_by_formats=True,
     ),
     EnvelopeCase(
         "created-at-number",
@@ -981,6 +986,8 @@ class CancelCase:
     schema_valid: bool | None = True
     section: Section = field(kw_only=True)
     rule: str = field(kw_only=True)
+    #: The schema takes the body, but not once its formats are enforced (a date-time).
+    refused_by_formats: bool = field(default=False, kw_only=True)
 
 
 _MAX_ID = "T" + "x" * 126 + "9"
@@ -1167,13 +1174,45 @@ def _report_files(number: int, case: ReportCase) -> tuple[dict[str, bytes], dict
     return files, entry
 
 
-def _schema_verdict(body: bytes, schema: str = "envelope") -> bool | None:
-    """Whether the body passes ``<schema>.schema.json``; ``None`` if it is not protocol JSON."""
+def _format_checker() -> FormatChecker:
+    """The format checker of jsonschema, whose ``date-time`` is RFC 3339's (rfc3339-validator).
+
+    Without that package jsonschema checks no ``date-time`` at all, and every verdict with
+    formats enforced would silently be the one without.
+    """
+    checker = Draft202012Validator.FORMAT_CHECKER
+    if "date-time" not in checker.checkers:
+        raise SystemExit("jsonschema cannot check date-time: install rfc3339-validator")
+    return checker
+
+
+def _schema_verdicts(
+    case: EnvelopeCase | CancelCase, schema: str, document: dict[str, Any]
+) -> None:
+    """Record ``schema_valid`` and ``schema_valid_formats`` in ``document``, as ``case`` says.
+
+    Each is whether the body, read as JSON, passes ``<schema>.schema.json`` (without, then
+    with its formats enforced); ``None`` if it is not protocol JSON.
+    """
+    plain: bool | None = None
+    formats: bool | None = None
     try:
-        document = strict_loads(body.decode("utf-8"))
+        body = strict_loads(case.body.decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError):
-        return None
-    return bool(Draft202012Validator(load_schema(schema)).is_valid(document))
+        pass
+    else:
+        loaded = load_schema(schema)
+        plain = Draft202012Validator(loaded).is_valid(body)
+        formats = Draft202012Validator(loaded, format_checker=_format_checker()).is_valid(body)
+    expected = case.schema_valid
+    expected_formats = expected and not case.refused_by_formats
+    if (plain, formats) != (expected, expected_formats):
+        raise SystemExit(
+            f"{case.slug}: schema verdict {plain}, {formats} with formats enforced; "
+            f"expected {expected}, {expected_formats}"
+        )
+    document["schema_valid"] = plain
+    document["schema_valid_formats"] = formats
 
 
 def _envelope_files(number: int, case: EnvelopeCase) -> tuple[dict[str, bytes], dict[str, Any]]:
@@ -1183,10 +1222,7 @@ def _envelope_files(number: int, case: EnvelopeCase) -> tuple[dict[str, bytes], 
         document["max_body_bytes"] = case.max_body_bytes
     if case.worker_service is not None:
         document["worker_service"] = case.worker_service
-    verdict = _schema_verdict(case.body)
-    if verdict != case.schema_valid:
-        raise SystemExit(f"{case.slug}: schema verdict {verdict}, expected {case.schema_valid}")
-    document["schema_valid"] = verdict
+    _schema_verdicts(case, "envelope", document)
     try:
         envelope = decode_envelope(case.body, max_body_bytes=limit)
         if case.worker_service is not None and envelope.service != case.worker_service:
@@ -1213,10 +1249,7 @@ def _envelope_files(number: int, case: EnvelopeCase) -> tuple[dict[str, bytes], 
 
 def _cancel_files(number: int, case: CancelCase) -> tuple[dict[str, bytes], dict[str, Any]]:
     document: dict[str, Any] = {"description": case.description}
-    verdict = _schema_verdict(case.body, "cancel")
-    if verdict != case.schema_valid:
-        raise SystemExit(f"{case.slug}: schema verdict {verdict}, expected {case.schema_valid}")
-    document["schema_valid"] = verdict
+    _schema_verdicts(case, "cancel", document)
     try:
         request = decode_cancel(case.body)
     except CancelDecodeError as exc:

@@ -1,11 +1,11 @@
-"""The official JSON Schema of AsyncAPI 3.0, as the AsyncAPI initiative publishes it on npm.
+"""The official JSON Schema of AsyncAPI 3.1, as the AsyncAPI initiative publishes it on npm.
 
 ``@asyncapi/specs`` is fetched once with ``npm pack`` into ``.cache/asyncapi-specs/`` (git-ignored)
 and checked against the integrity npm's registry gives for the pinned version
 (``npm view @asyncapi/specs@6.11.1 dist.integrity``) on every use, so a tarball that changed is
 never trusted. The schema is read from the tarball itself, nothing is extracted.
 
-The schema used is ``schemas/3.0.0-without-$id.json``: the same rules as ``3.0.0.json``, with
+The schema used is ``schemas/3.1.0-without-$id.json``: the same rules as ``3.1.0.json``, with
 every reference local (``#/definitions/...``), JSON Schema draft-07's meta-schema included. It
 validates with an empty ``referencing`` registry, so nothing is ever looked up on the network.
 """
@@ -35,7 +35,7 @@ INTEGRITY = (
     "sha512-A3WBLqAKGoJ2+6FWFtpjBlCQ1oFCcs4GxF7zsIGvNqp/"
     "klGUHjlA3aAcZ9XMMpLGE8zPeYDz2x9FmO6DSuKraQ=="
 )
-SCHEMA_MEMBER = "package/schemas/3.0.0-without-$id.json"
+SCHEMA_MEMBER = "package/schemas/3.1.0-without-$id.json"
 #: npm pack must finish within the suite's 60 s per test (the fixture's setup counts).
 NPM_TIMEOUT_S = 45
 
@@ -96,7 +96,7 @@ def tarball() -> Path:
 
 
 def asyncapi_3_schema() -> dict[str, Any]:
-    """``schemas/3.0.0-without-$id.json`` of the pinned package."""
+    """``schemas/3.1.0-without-$id.json`` of the pinned package."""
     with tarfile.open(tarball()) as archive:
         member = archive.extractfile(SCHEMA_MEMBER)
         assert member is not None, SCHEMA_MEMBER

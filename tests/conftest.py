@@ -44,6 +44,8 @@ XDIST_GROUPS = {
     "tests/conformance/test_kit_on_rabbitmq.py": "conformance-kit",
     # Node boots and a three-node cluster: heavy for two cores.
     "tests/integration/test_rabbitmq_nodes.py": "rabbitmq-nodes",
+    # One npm ci (a session fixture) for all of them, not one per worker.
+    "tests/js/": "js-tools",
 }
 
 

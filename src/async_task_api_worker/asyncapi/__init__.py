@@ -1,8 +1,8 @@
-"""A worker's contract as an AsyncAPI 3.0 document (the ``asyncapi`` command prints it).
+"""A worker's contract as an AsyncAPI 3.1 document (the ``asyncapi`` command prints it).
 
 The document describes the worker as an application on RabbitMQ (docs/protocol.md)::
 
-    asyncapi: "3.0.0"
+    asyncapi: "3.1.0"
     info:        title = the worker's name, version = the protocol version ("1")
     channels:
       input      address = the input queue; messages: envelope
@@ -21,7 +21,8 @@ The document describes the worker as an application on RabbitMQ (docs/protocol.m
       schemas    Envelope, InputRef, StartedReport, ProgressReport, SuccessReport,
                  FailureReport, ReportError, CancelRequest; and ``task.<Model>`` for the
                  task's input and output models (Envelope's ``input`` and SuccessReport's
-                 ``response`` refer to them)
+                 ``response`` refer to them); each titled with its name (``TaskModel`` for
+                 ``task.Model``), for code generators
 
 The modules, one part each: ``document`` (the document, the queues, the envelope and the
 reports), ``control`` (the control exchange, the cancel message and its operation),
@@ -40,10 +41,11 @@ properties from ``protocol.cancel``; the trace headers from ``observability.trac
 SDK's codes, reserved or not, from ``protocol.codes``; the task's codes from
 ``@worker.task(errors=...)``.
 
-AsyncAPI's default schema format is JSON Schema draft-07 (with ``discriminator`` a property
-name); the protocol's and pydantic's schemas are draft 2020-12, so their few 2020-12-only
-forms (``$defs`` references, ``prefixItems``, an OpenAPI-style ``discriminator`` object) are
-rewritten into draft-07 ones.
+AsyncAPI's default schema format is JSON Schema draft-07; the protocol's and pydantic's
+schemas are draft 2020-12, so their few 2020-12-only forms (``$defs`` references,
+``prefixItems``) are rewritten into draft-07 ones. For code generators (Modelina 5.10), a
+``const`` that is not a string is written as a one-value ``enum``, and pydantic's OpenAPI-style
+``discriminator`` is left out, as in the protocol's schemas (``schemas.draft07``).
 """
 
 from __future__ import annotations

@@ -21,8 +21,8 @@ from async_task_api_worker.settings import WorkerSettings
 
 __all__ = ["ASYNCAPI_VERSION", "asyncapi_document"]
 
-#: The AsyncAPI version of the document.
-ASYNCAPI_VERSION: Final = "3.0.0"
+#: The AsyncAPI version of the document: the latest 3.x, the one ``@asyncapi/parser`` asks for.
+ASYNCAPI_VERSION: Final = "3.1.0"
 
 _REPORT_SCHEMAS: Final = {
     ReportType.STARTED: "StartedReport",
@@ -33,7 +33,7 @@ _REPORT_SCHEMAS: Final = {
 
 
 def asyncapi_document(worker: Worker, settings: WorkerSettings) -> dict[str, Any]:
-    """The AsyncAPI 3.0 document of ``worker``'s contract on RabbitMQ (the module's shape).
+    """The AsyncAPI 3.1 document of ``worker``'s contract on RabbitMQ (the module's shape).
 
     Args:
         worker: the worker, with its task declared.

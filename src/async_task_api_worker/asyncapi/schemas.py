@@ -3,6 +3,12 @@
 The envelope, report and cancel schemas are the shipped ones (``protocol.schemas``); the
 task's input and output models' come from pydantic, under ``task.<Model>``. All are JSON
 Schema 2020-12, rewritten by :func:`draft07` into the draft-07 that AsyncAPI reads.
+
+Each schema's ``title`` is its name, unique in the document: code generators name their
+types after it (Modelina does), and pydantic's titles are bare class names (a task's
+``Output`` would meet the ``Output`` Modelina makes of the output channel's messages). The
+protocol's schemas keep their names (``Envelope``, ``StartedReport``...), the task's take
+``Task`` before theirs (``task.Output`` is titled ``TaskOutput``).
 """
 
 from __future__ import annotations
@@ -16,13 +22,22 @@ from async_task_api_worker.definition import TaskDefinition
 from async_task_api_worker.errors import ConfigError
 from async_task_api_worker.protocol.schemas import load_schema
 
-__all__ = ["SCHEMAS", "TASK_SCHEMA_PREFIX", "component_schemas", "draft07", "summary"]
+__all__ = [
+    "SCHEMAS",
+    "TASK_SCHEMA_PREFIX",
+    "TASK_TITLE_PREFIX",
+    "component_schemas",
+    "draft07",
+    "summary",
+]
 
 #: Where ``components.schemas`` is, for references.
 SCHEMAS: Final = "#/components/schemas/"
 #: The prefix of the task's own schemas among ``components.schemas``: none of the protocol's
 #: names has it, so a task model named ``Envelope`` or ``InputRef`` cannot clash.
 TASK_SCHEMA_PREFIX: Final = "task."
+#: The prefix of their titles; no title of the protocol's schemas starts with it either.
+TASK_TITLE_PREFIX: Final = "Task"
 
 
 def summary(schema: dict[str, Any]) -> str:
@@ -52,8 +67,10 @@ def component_schemas(task: TaskDefinition) -> tuple[dict[str, Any], str, str]:
             f"the task's models ({task.input_model.__name__}, {task.output_model.__name__}) "
             f"have no JSON Schema: {first_line}"
         ) from exc
+    for name, schema in schemas.items():
+        schema["title"] = name
     for name, schema in top.get("$defs", {}).items():
-        schemas[f"{TASK_SCHEMA_PREFIX}{name}"] = schema
+        schemas[f"{TASK_SCHEMA_PREFIX}{name}"] = {**schema, "title": f"{TASK_TITLE_PREFIX}{name}"}
     converted = {name: draft07(schema) for name, schema in schemas.items()}
     return (
         converted,
@@ -76,6 +93,11 @@ _SCHEMA_ONES: Final = frozenset(
 def draft07(schema: Any) -> Any:
     """``schema`` (JSON Schema 2020-12) in AsyncAPI's draft-07 dialect, references moved.
 
+    A ``const`` that is not a string becomes the one-value ``enum`` it equals: Modelina 5.10
+    makes a constant of a string ``const`` only, and of any other leaves the property out of
+    its constructor and of ``unmarshal``, so that ``marshal`` drops it (``protocol_version``).
+    A ``discriminator`` is left out.
+
     Only keywords are rewritten, never values (a ``default`` or an ``example`` that happens to
     hold a ``$ref`` key stays as it is): the walk follows the keywords that hold schemas.
     """
@@ -93,10 +115,15 @@ def draft07(schema: Any) -> Any:
             out[key] = (
                 [draft07(item) for item in value] if isinstance(value, list) else draft07(value)
             )
-        elif key == "discriminator" and isinstance(value, dict):
-            # OpenAPI's object (pydantic's discriminated unions); AsyncAPI wants the name.
-            if isinstance(value.get("propertyName"), str):
-                out[key] = value["propertyName"]
+        elif key == "const" and not isinstance(value, str) and "enum" not in schema:
+            out["enum"] = [value]
+        elif key == "discriminator":
+            # OpenAPI's object (pydantic's discriminated unions) is left out, as from the
+            # protocol's schemas: each branch's const already decides. AsyncAPI's own (a
+            # property name) would make Modelina 5.10 name an enum of each branch's tag after
+            # the tag's title, alike in every branch: each overwrites the last, and the models
+            # do not compile.
+            continue
         else:
             out[key] = value
     if "prefixItems" in out:  # draft-07 writes a tuple as a list of items

@@ -111,7 +111,7 @@ def _parser() -> argparse.ArgumentParser:
 
     asyncapi = commands.add_parser(
         "asyncapi",
-        help="print the worker's contract as an AsyncAPI 3.0 document (JSON): its RabbitMQ "
+        help="print the worker's contract as an AsyncAPI 3.1 document (JSON): its RabbitMQ "
         "queues (IN_QUEUE_NAME / OUT_QUEUE_NAME), messages, schemas and error codes",
     )
     asyncapi.add_argument("target", help="my_module:worker")

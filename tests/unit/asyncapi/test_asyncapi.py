@@ -57,7 +57,7 @@ def refs_in(value: Any) -> Iterator[str]:
 
 
 def test_the_queues_are_the_channels_with_their_amqp_bindings(document: dict[str, Any]) -> None:
-    assert document["asyncapi"] == "3.0.0"
+    assert document["asyncapi"] == "3.1.0"
     assert document["info"]["title"] == "count-words"
     channels = document["channels"]
     assert [channels[name]["address"] for name in ("input", "output")] == [
@@ -232,7 +232,13 @@ def test_the_cancel_message_has_its_payload_and_the_properties_a_client_sends(
     )
     schema, protocol = document["components"]["schemas"]["CancelRequest"], load_schema("cancel")
     assert "$id" not in schema and "$schema" not in schema
-    assert schema == {k: v for k, v in protocol.items() if k not in ("$id", "$schema")}
+    expected = {k: v for k, v in protocol.items() if k not in ("$id", "$schema")}
+    # Titled with its name, and protocol_version's const 1 written as the enum [1].
+    expected["title"] = "CancelRequest"
+    version = dict(expected["properties"]["protocol_version"])
+    version["enum"] = [version.pop("const")]
+    expected["properties"]["protocol_version"] = version
+    assert schema == expected
     assert message["summary"] == protocol["description"].split("\n")[0]
 
 
@@ -270,6 +276,47 @@ def test_the_task_models_stand_in_the_protocol_schemas(document: dict[str, Any])
         assert schemas[name]["properties"]["service"]["const"] == "count-words"
 
 
+@pytest.mark.parametrize("worker", [count_words, rich], ids=["count_words", "rich"])
+def test_each_schema_is_titled_with_a_name_of_its_own(worker: Worker) -> None:
+    # Code generators name their types after the title (Modelina does; it names the union of
+    # a channel's messages after the channel): the protocol's keep their names, the task's
+    # (whose pydantic titles are bare class names: Output, Envelope) take "Task" before theirs.
+    document = asyncapi_document(worker, settings())
+    titles = {name: schema["title"] for name, schema in document["components"]["schemas"].items()}
+    for name, title in titles.items():
+        assert title == (f"Task{name.removeprefix('task.')}" if name.startswith("task.") else name)
+    channels = {channel.title() for channel in document["channels"]}
+    assert len(set(titles.values())) == len(titles)
+    assert not set(titles.values()) & channels
+    assert not [
+        title for name, title in titles.items() if name[:5] != "task." and title[:4] == "Task"
+    ]
+
+
+def _consts(value: Any) -> Iterator[Any]:
+    if isinstance(value, dict):
+        if "const" in value:
+            yield value["const"]
+        for key, item in value.items():
+            if key not in ("default", "examples"):
+                yield from _consts(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _consts(item)
+
+
+def test_protocol_version_is_the_enum_1_and_every_const_left_is_a_string(
+    document: dict[str, Any],
+) -> None:
+    # Modelina 5.10 keeps a string const as a constant; any other it leaves out of its models'
+    # constructor and unmarshal, so that marshal dropped protocol_version.
+    schemas = document["components"]["schemas"]
+    for name in ("Envelope", *(f"{kind.title()}Report" for kind in REPORTS), "CancelRequest"):
+        version = schemas[name]["properties"]["protocol_version"]
+        assert (version["type"], version["enum"], "const" in version) == ("integer", [1], False)
+    assert all(isinstance(value, str) for value in _consts(schemas))
+
+
 def test_the_error_codes_are_the_sdks_and_the_tasks(document: dict[str, Any]) -> None:
     failure = document["components"]["messages"]["failure"]
     codes = failure["x-error-codes"]
@@ -293,7 +340,9 @@ def test_task_schemas_are_written_in_asyncapis_draft_07_dialect() -> None:
     assert task["properties"]["items"]["items"] == {"$ref": "#/components/schemas/task.Item"}
     assert task["properties"]["pair"]["items"] == [{"type": "integer"}, {"type": "string"}]
     assert "prefixItems" not in task["properties"]["pair"]
-    assert task["properties"]["pet"]["discriminator"] == "kind"
+    assert "discriminator" not in task["properties"]["pet"]  # each branch's const decides
+    assert [schemas[ref["$ref"].rsplit("/", 1)[1]]["properties"]["kind"]["const"]
+            for ref in task["properties"]["pet"]["oneOf"]] == ["cat", "dog"]  # fmt: skip
     # Values are never rewritten, only keywords.
     assert task["properties"]["extra"]["default"] == {
         "$ref": "#/$defs/kept",
@@ -350,7 +399,7 @@ def test_the_command_prints_the_document_as_indented_json(
     assert main(["asyncapi", "examples.count_words:worker"]) == 0
     captured = capsys.readouterr()
     assert captured.err == ""
-    assert captured.out.startswith('{\n  "asyncapi": "3.0.0",\n  "info": {\n')
+    assert captured.out.startswith('{\n  "asyncapi": "3.1.0",\n  "info": {\n')
     assert json.loads(captured.out) == asyncapi_document(count_words, settings())
 
 
@@ -414,7 +463,32 @@ def test_a_closed_stdout_exits_1(at_repo: pytest.MonkeyPatch) -> None:
     assert main(["asyncapi", "examples.count_words:worker"]) == 1
 
 
-def test_the_draft_07_rewrite_keeps_a_tuples_rest_and_drops_an_unnamed_discriminator() -> None:
+def test_the_draft_07_rewrite_makes_a_const_that_is_not_a_string_an_enum() -> None:
+    from async_task_api_worker.asyncapi.schemas import draft07 as _draft07
+
+    rewritten = _draft07(
+        {
+            "properties": {
+                "n": {"const": 1, "type": "integer"},
+                "s": {"const": "a"},
+                "z": {"const": None},
+                "both": {"const": 2, "enum": [2, 3]},
+            },
+            "default": {"const": 1},
+        }
+    )
+    assert rewritten == {
+        "properties": {
+            "n": {"enum": [1], "type": "integer"},
+            "s": {"const": "a"},
+            "z": {"enum": [None]},
+            "both": {"const": 2, "enum": [2, 3]},
+        },
+        "default": {"const": 1},
+    }
+
+
+def test_the_draft_07_rewrite_keeps_a_tuples_rest_and_drops_a_discriminator() -> None:
     from async_task_api_worker.asyncapi.schemas import draft07 as _draft07
 
     rewritten = _draft07(
@@ -422,6 +496,7 @@ def test_the_draft_07_rewrite_keeps_a_tuples_rest_and_drops_an_unnamed_discrimin
             "type": "array",
             "prefixItems": [{"type": "integer"}],
             "items": {"$ref": "#/$defs/Rest"},
+            "discriminator": {"propertyName": "kind"},
             "not": {"oneOf": [{"type": "string"}], "discriminator": {"mapping": {}}},
         }
     )

@@ -1,4 +1,4 @@
-"""``asyncapi`` prints valid AsyncAPI 3.0, by the AsyncAPI initiative's own JSON Schema.
+"""``asyncapi`` prints valid AsyncAPI 3.1, by the AsyncAPI initiative's own JSON Schema.
 
 The schema comes from npm (``tests/asyncapi_specs.py``): without npm or the registry the
 validation skips, except under ``CI=true``, where it fails (as the integration tests do without
@@ -29,11 +29,11 @@ REPO = Path(__file__).resolve().parents[3]
 
 @pytest.fixture(scope="session")
 def asyncapi_validator() -> jsonschema.Draft7Validator:
-    """A validator of AsyncAPI 3.0.0 documents: skip without npm, fail under CI=true."""
+    """A validator of AsyncAPI 3.1.0 documents: skip without npm, fail under CI=true."""
     try:
         schema = asyncapi_3_schema()
     except SpecsUnavailableError as exc:
-        message = f"the AsyncAPI 3.0 JSON Schema is not available: {exc}"
+        message = f"the AsyncAPI 3.1 JSON Schema is not available: {exc}"
         if os.environ.get("CI") == "true":
             pytest.fail(f"{message} (CI=true: the AsyncAPI validation must run)")
         pytest.skip(message)
@@ -57,7 +57,7 @@ def errors_of(checker: jsonschema.Draft7Validator, document: dict[str, Any]) -> 
     return [f"{list(e.absolute_path)}: {e.message}" for e in checker.iter_errors(document)]
 
 
-def test_the_example_document_is_valid_asyncapi_3(
+def test_the_example_document_is_valid_asyncapi_3_1(
     asyncapi_validator: jsonschema.Draft7Validator, example_document: dict[str, Any]
 ) -> None:
     assert errors_of(asyncapi_validator, example_document) == []
@@ -78,7 +78,7 @@ def test_a_task_with_tuples_and_a_discriminated_union_is_valid_too(
     asyncapi_validator: jsonschema.Draft7Validator,
 ) -> None:
     # pydantic writes these in draft 2020-12 / OpenAPI forms that AsyncAPI's dialect refuses
-    # (a discriminator object): the document rewrites them.
+    # (a discriminator object): the document rewrites them, or leaves them out.
     document = asyncapi_document(rich, load_settings({}, read_environment=False))
     assert errors_of(asyncapi_validator, document) == []
     pet = document["components"]["schemas"]["task.Envelope"]["properties"]["pet"]

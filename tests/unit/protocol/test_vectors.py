@@ -48,6 +48,10 @@ REPORT_ADAPTER: TypeAdapter[Any] = TypeAdapter(Report)
 REPORT_VALIDATOR = Draft202012Validator(load_schema("report"))
 ENVELOPE_VALIDATOR = Draft202012Validator(load_schema("envelope"))
 CANCEL_VALIDATOR = Draft202012Validator(load_schema("cancel"))
+#: The same, formats enforced: jsonschema's date-time is RFC 3339's (rfc3339-validator).
+FORMATS = Draft202012Validator.FORMAT_CHECKER
+ENVELOPE_FORMATS_VALIDATOR = Draft202012Validator(load_schema("envelope"), format_checker=FORMATS)
+CANCEL_FORMATS_VALIDATOR = Draft202012Validator(load_schema("cancel"), format_checker=FORMATS)
 
 
 def _load(path: Path) -> tuple[dict[str, Any], bytes]:
@@ -200,12 +204,25 @@ def test_envelope_vector_has_its_recorded_schema_verdict(path: Path) -> None:
         document = strict_loads(body.decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError):
         assert vector["schema_valid"] is None
+        assert vector["schema_valid_formats"] is None
         return
     assert ENVELOPE_VALIDATOR.is_valid(document) is vector["schema_valid"]
+    assert ENVELOPE_FORMATS_VALIDATOR.is_valid(document) is vector["schema_valid_formats"]
     if "envelope" in vector:
-        # What the decoder accepts, the schema accepts, and the decoded form too.
-        assert vector["schema_valid"] is True
-        ENVELOPE_VALIDATOR.validate(vector["envelope"])
+        # What the decoder accepts, the schema accepts, formats enforced, and the decoded form.
+        assert vector["schema_valid_formats"] is True
+        ENVELOPE_FORMATS_VALIDATOR.validate(vector["envelope"])
+
+
+def test_enforcing_formats_changes_a_verdict() -> None:
+    # Without rfc3339-validator, jsonschema checks no date-time and the two verdicts are one.
+    assert "date-time" in FORMATS.checkers
+    changed = {
+        path.stem.split("-", 1)[1]
+        for path in ENVELOPES
+        if (vector := _load(path)[0])["schema_valid"] != vector["schema_valid_formats"]
+    }
+    assert changed == {"created-at-no-offset"}
 
 
 def test_the_report_examples_in_the_spec_are_vector_bytes() -> None:
@@ -268,11 +285,13 @@ def test_cancel_vector_has_its_recorded_schema_verdict(path: Path) -> None:
         document = strict_loads(body.decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError):
         assert vector["schema_valid"] is None
+        assert vector["schema_valid_formats"] is None
         return
     assert CANCEL_VALIDATOR.is_valid(document) is vector["schema_valid"]
+    assert CANCEL_FORMATS_VALIDATOR.is_valid(document) is vector["schema_valid_formats"]
     if "cancel" in vector:
-        assert vector["schema_valid"] is True
-        CANCEL_VALIDATOR.validate(vector["cancel"])
+        assert vector["schema_valid_formats"] is True
+        CANCEL_FORMATS_VALIDATOR.validate(vector["cancel"])
 
 
 def test_the_cancel_example_in_the_spec_is_vector_bytes() -> None:

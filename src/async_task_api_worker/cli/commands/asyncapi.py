@@ -1,4 +1,4 @@
-"""``asyncapi my_module:worker``: the worker's contract as an AsyncAPI 3.0 document, no broker.
+"""``asyncapi my_module:worker``: the worker's contract as an AsyncAPI 3.1 document, no broker.
 
 Prints the document (``async_task_api_worker.asyncapi`` has its shape) as JSON, indented by 2,
 on stdout. The queue names come from the settings (``IN_QUEUE_NAME``, ``OUT_QUEUE_NAME``, else
@@ -22,7 +22,7 @@ __all__ = ["asyncapi_command"]
 
 
 def asyncapi_command(target: str) -> int:
-    """Print ``target``'s AsyncAPI 3.0 document.
+    """Print ``target``'s AsyncAPI 3.1 document.
 
     Args:
         target: ``my_module:worker``.
