@@ -165,7 +165,20 @@ def _parser() -> argparse.ArgumentParser:
         "--broker-url", default=None, help="the worker's broker (default: BROKER_URL's first)"
     )
     conformance.add_argument(
-        "--only", default=None, metavar="CASES", help="run these cases only (comma-separated)"
+        "--only",
+        default=None,
+        metavar="CASES",
+        help="run these cases only (comma-separated; an opt-in case too)",
+    )
+    conformance.add_argument(
+        "--with",
+        dest="with_cases",
+        default=None,
+        metavar="CASES",
+        help="also run these opt-in cases (comma-separated: cancel)",
+    )
+    conformance.add_argument(
+        "--strict", action="store_true", help="a skipped case fails the run (for CI)"
     )
     conformance.add_argument(
         "--junit-xml", default=None, metavar="PATH", help="also write the verdicts as JUnit XML"
@@ -227,6 +240,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 only=arguments.only,
                 junit=arguments.junit_xml,
                 timeout_s=arguments.timeout_s,
+                opt_in=arguments.with_cases,
+                strict=arguments.strict,
             )
         if arguments.command == "cancel":
             from async_task_api_worker.cli.commands.cancel import cancel_command

@@ -1,13 +1,14 @@
 """What the kit asks of the broker's operator tool: a policy, and a queue's unacked count.
 
 Two cases need more than AMQP. To see that a worker acks only after its terminal report, the
-kit holds the output queue full (a ``max-length`` policy with ``reject-publish``) and reads the
-vhost's unacknowledged deliveries, which AMQP does not report. To see that a worker rejects a
-body rather than acking it, the kit gives the input queue a dead-letter exchange of its own (a
-``dead-letter-exchange`` policy). All go through ``rabbitmqctl`` (the broker's own CLI:
-``set_policy``, ``clear_policy``, ``list_channels``), scoped to the worker's vhost and to one
-queue name; without it, the first case is skipped and the second notes what it did not check.
-Run the worker under test in a vhost of its own: the unacked count is the vhost's.
+kit holds the output queue to one message (a ``max-length`` policy with ``reject-publish``,
+sized by :func:`hold_length`) and reads the vhost's unacknowledged deliveries, which AMQP does
+not report. To see that a worker rejects a body rather than acking it, the kit gives the input
+queue a dead-letter exchange of its own (a ``dead-letter-exchange`` policy). All go through
+``rabbitmqctl`` (the broker's own CLI: ``set_policy``, ``clear_policy``, ``list_channels``),
+scoped to the worker's vhost and to one queue name; without it, the first case is skipped and
+the second notes what it did not check. Run the worker under test in a vhost of its own: the
+unacked count is the vhost's.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import shlex
 from dataclasses import dataclass
 from typing import Final
 
-__all__ = ["HOLD_POLICY", "Admin", "AdminError"]
+__all__ = ["HOLD_POLICY", "Admin", "AdminError", "hold_length"]
 
 #: The name of the kit's temporary policy, the hold or the dead-letter target (one at a time,
 #: removed at the end of its case whatever happens): one ``release`` removes what a killed run
@@ -27,6 +28,19 @@ __all__ = ["HOLD_POLICY", "Admin", "AdminError"]
 HOLD_POLICY: Final = "atw-conformance-hold"
 #: Above any policy an operator sets: a queue takes the one policy of highest priority.
 _HOLD_PRIORITY: Final = 999
+
+
+def hold_length(queue_type: str) -> int | None:
+    """The ``max-length`` under which a queue of ``queue_type`` takes one message, refuses more.
+
+    With ``overflow`` ``reject-publish``, a classic queue refuses a publish once it holds its
+    limit; a quorum queue only once it holds more than its limit, so it takes one message more.
+
+    Returns:
+        1 for ``classic``, 0 for ``quorum``; ``None`` for another type (a stream has no such
+        limit), which cannot be held so.
+    """
+    return {"classic": 1, "quorum": 0}.get(queue_type)
 
 
 class AdminError(RuntimeError):
@@ -54,12 +68,12 @@ class Admin:
             raise AdminError(f"{' '.join(argv[-len(arguments) :])} failed: {last[0][:200]}")
         return out.decode(errors="replace")
 
-    async def hold_full(self, queue: str) -> None:
-        """Make ``queue`` refuse publishes (``max-length`` 0, ``reject-publish``).
+    async def hold(self, queue: str, max_length: int) -> None:
+        """Make ``queue`` refuse publishes past ``max_length`` (``reject-publish``).
 
-        A quorum queue refuses only once it is over its limit: it takes one message more.
+        ``max_length``: from :func:`hold_length`, for the queue's type.
         """
-        await self._set_policy(queue, {"max-length": 0, "overflow": "reject-publish"})
+        await self._set_policy(queue, {"max-length": max_length, "overflow": "reject-publish"})
 
     async def dead_letter(self, queue: str, exchange: str) -> None:
         """Dead-letter what ``queue`` rejects to ``exchange`` (a ``dead-letter-exchange`` policy).

@@ -3,8 +3,9 @@
 :func:`run_battery` opens a :class:`~async_task_api_worker.conformance.wire.Wire` to the
 worker's queues and runs the cases of ``conformance.cases`` one after another (a case's tasks
 must not mix with another's: one of them borrows deliveries). Each ends ``pass``, ``fail`` (the
-problems found) or ``skip`` (why it could not run). :func:`table` and :func:`junit_xml` say
-them; the command exits 0 only when no case failed.
+problems found) or ``skip`` (why it could not run); a strict run (:func:`strictly`) makes a
+skip a failure that says so. :func:`table` and :func:`junit_xml` say them; the command exits 0
+only when no case failed.
 """
 
 from __future__ import annotations
@@ -14,14 +15,28 @@ import time
 import uuid
 import xml.etree.ElementTree as ET
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
+from typing import Final
 
 from async_task_api_worker.conformance.admin import AdminError
-from async_task_api_worker.conformance.cases import CASES, Case, Findings, Setup, Skip
+from async_task_api_worker.conformance.cases import CASES, OPT_IN, Case, Findings, Setup, Skip
 from async_task_api_worker.conformance.wire import Wire
 
-__all__ = ["Battery", "Outcome", "Verdict", "junit_xml", "new_run_id", "run_battery", "table"]
+__all__ = [
+    "STRICT_SKIP",
+    "Battery",
+    "Outcome",
+    "Verdict",
+    "junit_xml",
+    "new_run_id",
+    "run_battery",
+    "strictly",
+    "table",
+]
+
+#: How a skip made a failure by ``--strict`` starts its first line.
+STRICT_SKIP: Final = "skipped, a failure under --strict: "
 
 
 class Outcome(StrEnum):
@@ -34,13 +49,26 @@ class Outcome(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class Verdict:
-    """One case's verdict: what it checks, how it ended, what was seen, and its time in s."""
+    """One case's verdict: what it checks, how it ended, what was seen, and its time in s.
+
+    ``strict_skip``: the case was skipped, and a strict run made that a failure.
+    """
 
     case: str
     checks: str
     outcome: Outcome
     seen: tuple[str, ...]
     duration_s: float
+    strict_skip: bool = False
+
+
+def strictly(verdict: Verdict) -> Verdict:
+    """``verdict`` in a strict run: a skip becomes a failure whose first line says so."""
+    if verdict.outcome is not Outcome.SKIP:
+        return verdict
+    why = verdict.seen[0] if verdict.seen else "no reason given"
+    seen = (STRICT_SKIP + why, *verdict.seen[1:])
+    return replace(verdict, outcome=Outcome.FAIL, seen=seen, strict_skip=True)
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +81,10 @@ class Battery:
         out_queue: its output queue; the kit consumes it for the run.
         setup: the worker's settings as the cases need them.
         timeout_s: the longest wait for any one report, in seconds.
-        only: the names of the cases to run (all when empty).
+        only: the names of the cases to run, opt-in ones included (empty: every case that is
+            not opt-in).
+        opt_in: opt-in cases to run besides those (``--with``).
+        strict: a skipped case fails (:func:`strictly`).
     """
 
     url: str
@@ -62,20 +93,35 @@ class Battery:
     setup: Setup
     timeout_s: float = 30.0
     only: tuple[str, ...] = ()
+    opt_in: tuple[str, ...] = ()
+    strict: bool = False
 
     def cases(self) -> tuple[Case, ...]:
-        """The cases to run, in the battery's order.
+        """The cases to run, in the battery's order (the opt-in ones last).
+
+        ``only`` narrows the default cases and may name opt-in ones; ``opt_in`` adds to
+        whatever ``only`` chose.
 
         Raises:
-            ValueError: ``only`` names a case that does not exist.
+            ValueError: ``only`` or ``opt_in`` names a case that does not exist, or
+                ``opt_in`` one that is not opt-in.
         """
-        names = {case.name for case in CASES}
-        unknown = [name for name in self.only if name not in names]
+        every = (*CASES, *OPT_IN)
+        names = [case.name for case in every]
+        unknown = [name for name in (*self.only, *self.opt_in) if name not in names]
         if unknown:
             raise ValueError(
                 f"unknown case {', '.join(unknown)} (the cases: {', '.join(sorted(names))})"
             )
-        return tuple(case for case in CASES if not self.only or case.name in self.only)
+        optional = [case.name for case in OPT_IN]
+        default = [name for name in self.opt_in if name not in optional]
+        if default:
+            raise ValueError(
+                f"{', '.join(default)} is not an opt-in case, it runs by default (the opt-in "
+                f"cases: {', '.join(optional)})"
+            )
+        chosen = {*(self.only or (case.name for case in CASES)), *self.opt_in}
+        return tuple(case for case in every if case.name in chosen)
 
 
 def new_run_id() -> str:
@@ -109,7 +155,8 @@ async def run_battery(battery: Battery) -> list[Verdict]:
 
     A worker that does not answer the first case (``round_trip``) fails it, and the cases
     after it are skipped rather than timed out one by one; so are the cases after the worker
-    stopped consuming or the broker connection was lost.
+    stopped consuming or the broker connection was lost. In a strict run, every skip is a
+    failure (:func:`strictly`).
 
     Raises:
         ConnectionError: the broker cannot be reached.
@@ -131,10 +178,10 @@ async def run_battery(battery: Battery) -> list[Verdict]:
         for case in cases:
             why = why or await wire.worker_gone()
             if why is not None:
-                verdicts.append(Verdict(case.name, case.checks, Outcome.SKIP, (why,), 0.0))
-                continue
-            verdict = await _run_case(case, wire, battery.setup)
-            verdicts.append(verdict)
+                verdict = Verdict(case.name, case.checks, Outcome.SKIP, (why,), 0.0)
+            else:
+                verdict = await _run_case(case, wire, battery.setup)
+            verdicts.append(strictly(verdict) if battery.strict else verdict)
             if case.name == "round_trip" and any(
                 line.startswith("no report") for line in verdict.seen
             ):
@@ -153,9 +200,11 @@ def table(verdicts: Sequence[Verdict]) -> str:
         )
     passed = sum(verdict.outcome is Outcome.PASS for verdict in verdicts)
     failed = sum(verdict.outcome is Outcome.FAIL for verdict in verdicts)
+    strict = sum(verdict.strict_skip for verdict in verdicts)
     skipped = len(verdicts) - passed - failed
     lines.append("")
-    lines.append(f"{passed} passed, {failed} failed, {skipped} skipped")
+    why = f" ({strict} of them skipped, failed by --strict)" if strict else ""
+    lines.append(f"{passed} passed, {failed} failed{why}, {skipped} skipped")
     return "\n".join(lines)
 
 
@@ -175,7 +224,10 @@ def junit_xml(verdicts: Sequence[Verdict], *, suite: str = "conformance") -> byt
         )
         text = "\n".join(verdict.seen)
         if verdict.outcome is Outcome.FAIL:
-            ET.SubElement(element, "failure", message=verdict.seen[0][:200]).text = text
+            failure = ET.SubElement(element, "failure", message=verdict.seen[0][:200])
+            failure.text = text
+            if verdict.strict_skip:
+                failure.set("type", "skipped under --strict")
         elif verdict.outcome is Outcome.SKIP:
             ET.SubElement(element, "skipped", message=text[:200])
         else:

@@ -22,7 +22,6 @@ from async_task_api_worker.conformance.wire import Seen, Wire
 __all__ = [
     "CATCH_WINDOW_S",
     "CLIENT_ID",
-    "HOLD_MARGIN_S",
     "HOLD_S",
     "SETTLE_S",
     "SLEEP_S",
@@ -47,10 +46,9 @@ SETTLE_S: Final = 0.5
 CATCH_WINDOW_S: Final = 1.0
 #: How long the output queue is held full to see that the input is still unacked, in seconds.
 HOLD_S: Final = 2.0
-#: How long the ``acknowledgement`` case's task sleeps: time to put the hold in place, in s.
-SLEEP_S: Final = 6.0
-#: The hold must be in force this long before that task's handler returns, in seconds.
-HOLD_MARGIN_S: Final = 0.5
+#: How long the ``acknowledgement`` case's task sleeps, in seconds: long enough that its
+#: handler returns well after ``started`` was confirmed (the hold is in place before it starts).
+SLEEP_S: Final = 2.0
 
 
 class Skip(Exception):
@@ -70,6 +68,9 @@ class Setup:
         admin: the broker's operator tool, for the cases that need a policy; ``None``: those
             are skipped for ``admin_missing``.
         admin_missing: why there is no operator tool.
+        broker_url: the worker's broker, for the cases that connect as a client of their own
+            (``cancel``).
+        control_exchange: the worker's ``CONTROL_EXCHANGE_NAME`` (empty: the default name).
     """
 
     service: str
@@ -79,6 +80,8 @@ class Setup:
     run_id: str
     admin: Admin | None = None
     admin_missing: str = ""
+    broker_url: str = ""
+    control_exchange: str = ""
 
 
 @dataclass

@@ -1,20 +1,22 @@
 """The battery's cases, in the order they run (docs/conformance.md, "The cases").
 
-Every case publishes its own tasks, waits for their reports and says what it found
-(``conformance.case``). The cases are independent: a worker that breaks one rule fails the case
-of that rule alone.
+``CASES`` run by default; ``OPT_IN`` ones only when asked for (``--with``), after them: they
+check what the protocol leaves optional. Every case publishes its own tasks, waits for their
+reports and says what it found (``conformance.case``). The cases are independent: a worker
+that breaks one rule fails the case of that rule alone.
 """
 
 from __future__ import annotations
 
 from typing import Final
 
+from async_task_api_worker.conformance.cancel_cases import cancel
 from async_task_api_worker.conformance.case import Case, Findings, Setup, Skip
 from async_task_api_worker.conformance.inbound_cases import decoding, limits, round_trip
 from async_task_api_worker.conformance.report_cases import encoding, order
 from async_task_api_worker.conformance.settle_cases import acknowledgement, retries
 
-__all__ = ["CASES", "Case", "Findings", "Setup", "Skip"]
+__all__ = ["CASES", "OPT_IN", "Case", "Findings", "Setup", "Skip"]
 
 CASES: Final = (
     Case("round_trip", "a task's started and success", round_trip),
@@ -25,3 +27,5 @@ CASES: Final = (
     Case("acknowledgement", "acked only after the terminal report", acknowledgement),
     Case("limits", "id syntax, nesting depth and message size at their edges", limits),
 )
+
+OPT_IN: Final = (Case("cancel", "a cancel before delivery, during a run, after the end", cancel),)

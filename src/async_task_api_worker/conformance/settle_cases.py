@@ -10,9 +10,8 @@ import contextlib
 import time
 from collections.abc import Awaitable, Callable
 
-from async_task_api_worker.conformance.admin import Admin, AdminError
+from async_task_api_worker.conformance.admin import Admin, AdminError, hold_length
 from async_task_api_worker.conformance.case import (
-    HOLD_MARGIN_S,
     HOLD_S,
     SLEEP_S,
     Findings,
@@ -28,8 +27,9 @@ from async_task_api_worker.conformance.case import (
 )
 from async_task_api_worker.conformance.wire import Wire
 from async_task_api_worker.protocol.codes import ErrorCode
+from async_task_api_worker.transports.rabbitmq.topology import queue_type
 
-__all__ = ["acknowledgement", "retries"]
+__all__ = ["acknowledgement", "retries", "settled", "until"]
 
 # ------------------------------------------------------------------------------- retries
 
@@ -104,36 +104,46 @@ async def retries(wire: Wire, setup: Setup, found: Findings) -> None:
 
 
 async def acknowledgement(wire: Wire, setup: Setup, found: Findings) -> None:
-    """The input stays unacked while its terminal report is withheld, and is acked after it.
+    """The input stays unacked while its terminal report is refused, and is acked after it.
 
     docs/protocol.md, "Ordering and duplicates": the ack follows the terminal report's
-    confirm, not ``started``'s nor the handler's return. A ``sleep`` task starts as usual; once
-    its ``started`` arrived, the output queue is made to refuse every publish (a ``max-length``
-    0 policy with ``reject-publish``, and one message of the kit's own in it: a quorum queue
-    refuses only once it is over its limit), so that the terminal report is refused when the
-    handler returns. The vhost's unacked deliveries are read from the broker's channels
-    (``Admin.unacked``): a worker that acked on receipt, after ``started`` or when the handler
-    returned shows none.
+    confirm, not the receipt, nor ``started``'s confirm, nor the handler's return. Before the
+    task is sent, the kit stops reading the output queue, waits until it is empty, and holds it
+    to one message (``Admin.hold``, sized by the queue's type: ``hold_length``), so that
+    ``started`` is taken and the terminal report refused, however late the worker sends them.
+    It learns that ``started`` arrived from the queue's message count, without taking it. Once
+    the handler must have returned, plus ``HOLD_S``, the vhost's unacked deliveries
+    (``Admin.unacked``) show whether the input was acked.
     """
     admin = setup.admin
     if admin is None:
         raise Skip(f"needs a policy on the output queue: {setup.admin_missing}")
+    kind = await queue_type(wire.connection, wire.out_queue)
+    limit = hold_length(kind)
+    if limit is None:
+        raise Skip(f"the output queue is a {kind} queue: the kit can hold a quorum or classic one")
     tid = task_id(setup, "acknowledgement", 1)
-    body = envelope(setup, tid, {"behaviour": "sleep", "seconds": SLEEP_S})
-    await wire.publish(body, message_id=tid)
-    reports = await wire.wait_for(tid, lambda seen: any(s.type == "started" for s in seen))
-    if not found.expect(bool(reports), f"no started report within {wire.timeout_s:.0f} s"):
-        return
-    returns_at = next(seen for seen in reports if seen.type == "started").at + SLEEP_S
     try:
-        await wire.pause_reports()
-        await admin.hold_full(wire.out_queue)
-        held = await _until(lambda: admin.holding(wire.out_queue), SLEEP_S) and await _until(
-            wire.out_queue_refuses, SLEEP_S
-        )
-        if not held or time.monotonic() > returns_at - HOLD_MARGIN_S:
-            raise Skip("the hold policy came too late for the task (a slow rabbitmqctl?)")
-        await asyncio.sleep(returns_at + HOLD_S - time.monotonic())
+        if not await until(lambda: _quiet(wire), wire.timeout_s):
+            raise Skip(f"the output queue did not empty within {wire.timeout_s:.0f} s")
+        await admin.hold(wire.out_queue, limit)
+        if not await until(lambda: admin.holding(wire.out_queue), wire.timeout_s):
+            raise Skip(f"the hold policy was not in force within {wire.timeout_s:.0f} s")
+        body = envelope(setup, tid, {"behaviour": "sleep", "seconds": SLEEP_S})
+        await wire.publish(body, message_id=tid)
+        if not found.expect(
+            await until(lambda: _holds_some(wire), wire.timeout_s),
+            f"no report reached the output queue within {wire.timeout_s:.0f} s",
+        ):
+            return
+        # The handler runs once started is sent: it has returned SLEEP_S after that arrived.
+        await asyncio.sleep(SLEEP_S + HOLD_S)
+        held = await wire.ready(wire.out_queue)
+        if held != 1:
+            raise Skip(
+                f"the {kind} output queue, held to one message (max-length {limit}), took "
+                f"{held}: the broker did not hold it, the case cannot judge"
+            )
         ready, unacked = await wire.ready(), await admin.unacked()
         found.expect(
             unacked >= 1 and ready == 0,
@@ -149,20 +159,34 @@ async def acknowledgement(wire: Wire, setup: Setup, found: Findings) -> None:
         await wire.resume_reports()
     reports = await wire.wait_terminal(tid)
     one_success(found, tid, reports, "once the output queue took reports again")
-    settled = await _until(lambda: _settled(wire, admin), wire.timeout_s)
-    found.expect(settled, "the input was not acked after its terminal report")
-    found.notes.append(f"held {HOLD_S:.0f} s after the handler returned: {kinds(reports)}")
+    acked = await until(lambda: settled(wire, admin), wire.timeout_s)
+    found.expect(acked, "the input was not acked after its terminal report")
+    found.notes.append(
+        f"{kind} output queue held to one report (max-length {limit}) before the task, "
+        f"{HOLD_S:.0f} s past the handler's return: {kinds(reports)}"
+    )
 
 
-async def _none_ready(wire: Wire) -> bool:
-    return await wire.ready() == 0
+async def _quiet(wire: Wire) -> bool:
+    """Stop reading the output queue; whether it is empty (else read on, to empty it)."""
+    await wire.pause_reports()
+    if await wire.ready(wire.out_queue) == 0:
+        return True
+    await wire.resume_reports()
+    return False
 
 
-async def _settled(wire: Wire, admin: Admin) -> bool:
+async def _holds_some(wire: Wire) -> bool:
+    return await wire.ready(wire.out_queue) >= 1
+
+
+async def settled(wire: Wire, admin: Admin) -> bool:
+    """Whether the input queue has nothing ready and the vhost nothing unacked."""
     return await wire.ready() == 0 and await admin.unacked() == 0
 
 
-async def _until(check: Callable[[], Awaitable[bool]], timeout_s: float) -> bool:
+async def until(check: Callable[[], Awaitable[bool]], timeout_s: float) -> bool:
+    """Whether ``check()`` came to hold within ``timeout_s`` (asked every 0.1 s)."""
     deadline = time.monotonic() + timeout_s
     while True:
         if await check():

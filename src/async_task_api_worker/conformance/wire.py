@@ -39,7 +39,7 @@ from aio_pika.abc import (
     AbstractIncomingMessage,
     AbstractQueue,
 )
-from aio_pika.exceptions import AMQPError, DeliveryError
+from aio_pika.exceptions import AMQPError
 
 from async_task_api_worker.conformance.report_rules import ReportRules, Seen, read_json
 from async_task_api_worker.transports.rabbitmq.topology import queue_type
@@ -233,26 +233,14 @@ class Wire:
         if self._out is not None and self._reading is None:
             self._reading = await self._out.consume(self._on_report, no_ack=True)
 
-    async def out_queue_refuses(self) -> bool:
-        """Publish a message of the kit's own to the output queue; whether it was refused.
+    async def ready(self, queue: str | None = None) -> int:
+        """The messages ready for delivery in ``queue`` (default: the input queue).
 
-        A quorum queue refuses publishes once it is over its length limit, not when it reaches
-        it: under a ``max-length`` of 0 the first such message is taken, the next refused.
+        Read from AMQP's ``queue.declare-ok`` (a passive declare), which consumes nothing.
         """
-        if self._channel is None:
-            raise RuntimeError("Wire.open() was not awaited")
-        filler = aio_pika.Message(b'{"conformance_kit":"filler"}')
-        try:
-            await self._channel.default_exchange.publish(filler, routing_key=self.out_queue)
-        except DeliveryError:
-            return True
-        return False
-
-    async def ready(self) -> int:
-        """The input queue's messages ready for delivery (AMQP ``queue.declare-ok``)."""
         channel = await self.connection.channel()
         try:
-            declared = await channel.declare_queue(self.in_queue, passive=True)
+            declared = await channel.declare_queue(queue or self.in_queue, passive=True)
             return int(declared.declaration_result.message_count or 0)
         finally:
             await channel.close()

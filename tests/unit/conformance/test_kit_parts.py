@@ -169,9 +169,9 @@ async def test_unacked_sums_the_vhosts_channels_only(tmp_path: Path) -> None:
 
 async def test_the_hold_policy_is_scoped_to_the_vhost_and_the_one_queue(tmp_path: Path) -> None:
     admin = Admin(_fake_rabbitmqctl(tmp_path, ""), "v1")
-    await admin.hold_full("svc_queue.out")
+    await admin.hold("svc_queue.out", 1)
     call = (tmp_path / "calls").read_text()
-    assert '"max-length": 0' in call
+    assert '"max-length": 1' in call
     assert "set_policy -p v1" in call
     assert r"^svc_queue\.out$" in call
     assert '"overflow": "reject-publish"' in call

@@ -2,11 +2,12 @@
 
 The worker under test (any language) serves the reference task of docs/conformance.md on the
 broker of ``--broker-url`` (default ``BROKER_URL``; its first URL). The kit reads the worker's
-variables for what it expects: ``IN_QUEUE_NAME``, ``OUT_QUEUE_NAME``, ``WORKER_DELIVERY_LIMIT``,
-``WORKER_PROGRESS_MIN_INTERVAL_S`` and ``WORKER_MAX_MESSAGE_BYTES`` (give the kit the values the
-worker runs with). It prints a table of the cases, writes JUnit XML with ``--junit-xml``, and
-exits 0 when no case failed, 1 when one did (or the broker or the worker could not be reached),
-2 for a usage error.
+variables for what it expects: ``IN_QUEUE_NAME``, ``OUT_QUEUE_NAME``, ``CONTROL_EXCHANGE_NAME``,
+``WORKER_DELIVERY_LIMIT``, ``WORKER_PROGRESS_MIN_INTERVAL_S`` and ``WORKER_MAX_MESSAGE_BYTES``
+(give the kit the values the worker runs with). It prints a table of the cases, writes JUnit
+XML with ``--junit-xml``, and exits 0 when no case failed (with ``--strict``: none failed or
+was skipped), 1 when one did (or the broker or the worker could not be reached), 2 for a usage
+error.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from async_task_api_worker.conformance.cases import Setup
 from async_task_api_worker.runtime.exit_codes import ExitCode, say_error
 from async_task_api_worker.settings import load_settings
 
-__all__ = ["conformance_command"]
+__all__ = ["case_names", "conformance_command"]
 
 
 def _vhost(url: str) -> str:
@@ -47,6 +48,11 @@ def _admin(url: str, rabbitmqctl: str | None) -> tuple[Admin | None, str]:
     return Admin(command, _vhost(url)), ""
 
 
+def case_names(listed: str | None) -> tuple[str, ...]:
+    """The case names of a comma-separated option (``--only``, ``--with``), blanks dropped."""
+    return tuple(name.strip() for name in (listed or "").split(",") if name.strip())
+
+
 def conformance_command(
     *,
     service: str,
@@ -55,8 +61,14 @@ def conformance_command(
     only: str | None,
     junit: str | None,
     timeout_s: float,
+    opt_in: str | None = None,
+    strict: bool = False,
 ) -> int:
-    """Run the battery; print the table; return the exit code (see the module)."""
+    """Run the battery; print the table; return the exit code (see the module).
+
+    ``only`` and ``opt_in``: comma-separated case names (``--only``, ``--with``); ``strict``:
+    a skipped case fails the run.
+    """
     values = {"broker_url": broker_url} if broker_url else {}
     settings = load_settings(values)  # a bad variable raises ConfigError: exit 2, one line
     url = settings.broker_urls()[0]
@@ -73,9 +85,13 @@ def conformance_command(
             run_id=new_run_id(),
             admin=admin,
             admin_missing=admin_missing,
+            broker_url=url,
+            control_exchange=settings.control_exchange(service),
         ),
         timeout_s=timeout_s,
-        only=tuple(name.strip() for name in only.split(",")) if only else (),
+        only=case_names(only),
+        opt_in=case_names(opt_in),
+        strict=strict,
     )
     try:
         battery.cases()
@@ -84,7 +100,7 @@ def conformance_command(
         return ExitCode.CONFIG
     print(
         f"conformance: service {service!r}, queues {battery.in_queue} -> {battery.out_queue}, "
-        f"run {battery.setup.run_id}",
+        f"run {battery.setup.run_id}{', strict' if strict else ''}",
         flush=True,
     )
     try:

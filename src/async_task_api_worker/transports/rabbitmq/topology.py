@@ -29,10 +29,12 @@ _logger = logging.getLogger("async_task_api_worker.transports.rabbitmq")
 
 #: RabbitMQ's words for a repeated declare whose arguments differ from the queue's (3.10, 4.0):
 #: ``inequivalent arg 'x-max-length' for queue 'q' in vhost 'v': received none but current is
-#: the value '10' of type 'byte'``.
+#: the value '10' of type 'byte'``. A queue whose type came from its vhost's default type
+#: (``add_vhost --default-queue-type classic``) words it without a type: ``received 'quorum'
+#: but current is 'classic'``.
 _INEQUIVALENT: Final = re.compile(
     r"inequivalent arg '(?P<arg>[^']+)' for queue '.*' in vhost '.*': received .* but current "
-    r"is (?:the value '(?P<value>.*)' of type '(?P<type>[a-z]+)'|none)"
+    r"is (?:the value '(?P<value>.*)' of type '(?P<type>[a-z]+)'|'(?P<bare>[^']*)'|none)"
 )
 _INTEGER_TYPES: Final = frozenset(
     {"byte", "short", "signedint", "long", "unsignedbyte", "unsignedshort", "unsignedint"}
@@ -51,7 +53,7 @@ def inequivalent_argument(reply: str) -> tuple[str, Any] | None:
     match = _INEQUIVALENT.search(reply)
     if match is None:
         return None
-    value: Any = match["value"]
+    value: Any = match["bare"] if match["value"] is None else match["value"]
     if value is not None and match["type"] in _INTEGER_TYPES:
         try:
             value = int(value)

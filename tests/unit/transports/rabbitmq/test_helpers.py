@@ -197,6 +197,12 @@ async def test_an_unreachable_broker_is_retried_with_a_log_then_given_up(
             "type 'longstr'",
             ("x-queue-type", "stream"),
         ),
+        (
+            # RabbitMQ 3.10, a queue typed by its vhost's default (--default-queue-type).
+            "PRECONDITION_FAILED - inequivalent arg 'x-queue-type' for queue 'q' in vhost 'v': "
+            "received 'quorum' but current is 'classic'",
+            ("x-queue-type", "classic"),
+        ),
         ("PRECONDITION_FAILED - message size 20 is larger than configured max size 10", None),
     ],
 )
