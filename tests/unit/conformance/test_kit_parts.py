@@ -20,20 +20,13 @@ from async_task_api_worker.conformance.battery import (
     junit_xml,
     table,
 )
-from async_task_api_worker.conformance.case import Findings, Setup, envelope
+from async_task_api_worker.conformance.case import Findings, envelope
 from async_task_api_worker.conformance.inbound_cases import nested, padded
 from async_task_api_worker.conformance.report_cases import check_encoding, schema_validator
 from async_task_api_worker.conformance.wire import Seen
 from async_task_api_worker.protocol.encoding import nesting_depth, strict_loads
 from async_task_api_worker.protocol.reports import SuccessReport, encode_report
-
-SETUP = Setup(
-    service="conformance",
-    delivery_limit=5,
-    progress_interval_s=1.0,
-    max_message_bytes=4096,
-    run_id="r1",
-)
+from tests.unit.conformance.kit_setup import SETUP
 
 
 def _seen(body: bytes, **properties: Any) -> Seen:

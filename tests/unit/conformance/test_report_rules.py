@@ -9,21 +9,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from async_task_api_worker.conformance.case import CLIENT_ID, Setup, envelope, per_attempt
+from async_task_api_worker.conformance.case import CLIENT_ID, envelope, per_attempt
 from async_task_api_worker.conformance.report_cases import LONG_MESSAGE, cut_problem
 from async_task_api_worker.conformance.report_rules import Float, ReportRules, Seen, read_json
 from async_task_api_worker.protocol import MAX_ERROR_MESSAGE_CHARS
 from async_task_api_worker.protocol.encoding import canonical_dumps
+from tests.unit.conformance.kit_setup import SETUP
 from tests.unit.protocol.protocol_strategies import json_values, texts, valid_texts
 
 FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-SETUP = Setup(
-    service="conformance",
-    delivery_limit=5,
-    progress_interval_s=1.0,
-    max_message_bytes=4096,
-    run_id="r1",
-)
 
 # ------------------------------------------------------------------------------- reading
 

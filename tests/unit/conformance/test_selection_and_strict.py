@@ -18,16 +18,9 @@ from async_task_api_worker.conformance.battery import (
     strictly,
     table,
 )
-from async_task_api_worker.conformance.case import Setup
 from async_task_api_worker.conformance.cases import CASES, OPT_IN
+from tests.unit.conformance.kit_setup import SETUP
 
-SETUP = Setup(
-    service="conformance",
-    delivery_limit=5,
-    progress_interval_s=1.0,
-    max_message_bytes=4096,
-    run_id="r1",
-)
 DEFAULT = [case.name for case in CASES]
 
 
