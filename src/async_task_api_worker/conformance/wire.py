@@ -6,7 +6,8 @@ queue, and keys what it sees by task id. Two things it does that no producer doe
 
 - **borrowing a delivery** (:meth:`Wire.borrow`): a consumer of the input queue at a higher
   priority (RabbitMQ's ``x-priority`` consumer argument) receives a task before the worker and
-  gives it back (``basic.nack`` with requeue) a chosen number of times, so that the worker's
+  gives it back (``basic.reject`` with requeue, which every RabbitMQ counts as a delivery;
+  4.3 and later do not count ``basic.nack``) a chosen number of times, so that the worker's
   first sight of it carries a delivery count it never caused itself. The last give-back
   happens after the consumer is cancelled, so that the count is exact.
 - **catching a requeue** (:meth:`Wire.catch_requeued`): the same kind of consumer, after a body
@@ -317,7 +318,7 @@ class Wire:
             header = (message.headers or {}).get("x-delivery-count")
             counts.append(header if isinstance(header, int) else None)
             if len(counts) < times:
-                await message.nack(requeue=True)
+                await message.reject(requeue=True)
             elif not last.done():
                 last.set_result(message)
 
@@ -327,7 +328,7 @@ class Wire:
             held = await asyncio.wait_for(last, self.timeout_s)
             # Cancelled first, so that the last give-back goes to the worker, not to the kit.
             await queue.cancel(tag)
-            await held.nack(requeue=True)
+            await held.reject(requeue=True)
             for message in others:
                 await message.nack(requeue=True)
         finally:
