@@ -268,7 +268,10 @@ async def test_a_partition_during_a_memory_alarm_loses_nothing(
         through_proxy = case.url.replace(f":{node_310.node.port}/", f":{proxy.port}/")
         case.worker.env.update(BROKER_URL=through_proxy, BROKER_HEARTBEAT_S=str(HEARTBEAT_S))
         case.worker.start()
-        ids = await case.publish(12, {"seconds": 1.5})
+        # Three waves of 5 s at concurrency 4: the alarm, raised after the first success, must
+        # come before the last report (10 s later); with waves of 1.5 s, a loaded machine's
+        # rabbitmqctl raised it once the last was out, and nothing was blocked.
+        ids = await case.publish(12, {"seconds": 5})
         case.worker.wait_for("outcome=success")
         node_310.node.set_memory_alarm(True)
         case.worker.wait_for("was blocked by")
