@@ -17,6 +17,8 @@ from typing import Any, Final, Protocol
 from async_task_api_worker.protocol.encoding import canonical_dumps
 
 __all__ = [
+    "AROUND_BYTES",
+    "MESSAGE_CHARS",
     "MISSING",
     "SchemaError",
     "byte_difference",
