@@ -75,8 +75,8 @@ def _parser() -> argparse.ArgumentParser:
 
     vectors = commands.add_parser(
         "vectors",
-        help="copy the protocol's golden vectors and their manifest.json into DIR, for another "
-        "language's tests (docs/conformance.md)",
+        help="copy the protocol's golden vectors, their manifest.json and the JSON Schemas "
+        "(DIR/schemas/) into DIR, for another language's tests (docs/conformance.md)",
     )
     vectors.add_argument("dir", metavar="DIR", help="the folder to write (created if missing)")
     vectors.add_argument(

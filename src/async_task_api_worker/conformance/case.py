@@ -12,7 +12,7 @@ The cases are independent: a worker that breaks one rule fails the case of that 
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -24,11 +24,13 @@ __all__ = [
     "CLIENT_ID",
     "HOLD_S",
     "SETTLE_S",
+    "SHOWN",
     "SLEEP_S",
     "Case",
     "Findings",
     "Setup",
     "Skip",
+    "capped",
     "envelope",
     "error_code",
     "kinds",
@@ -49,6 +51,9 @@ HOLD_S: Final = 2.0
 #: How long the ``acknowledgement`` case's task sleeps, in seconds: long enough that its
 #: handler returns well after ``started`` was confirmed (the hold is in place before it starts).
 SLEEP_S: Final = 2.0
+#: The items a verdict's line shows of a list (reports, attempts), at most: a worker that loops
+#: on a task sends thousands.
+SHOWN: Final = 12
 
 
 class Skip(Exception):
@@ -125,9 +130,18 @@ def envelope(setup: Setup, tid: str, task_input: Any, **fields: Any) -> bytes:
     return json.dumps(document, separators=(",", ":"), ensure_ascii=False).encode()
 
 
+def capped(items: Sequence[Any], separator: str = ", ") -> str:
+    """The first :data:`SHOWN` of ``items`` joined, then ``... N more`` for the rest, if any."""
+    shown = separator.join(str(item) for item in items[:SHOWN])
+    return shown + (f"{separator}... {len(items) - SHOWN:,} more" if len(items) > SHOWN else "")
+
+
 def kinds(reports: list[Seen]) -> str:
-    """The reports' types, comma-separated (``nothing`` for none), for a verdict's line."""
-    return ",".join(str(seen.type) for seen in reports) or "nothing"
+    """The reports' types, comma-separated (``nothing`` for none), for a verdict's line.
+
+    The first :data:`SHOWN` only, and how many more (``capped``).
+    """
+    return capped([str(seen.type) for seen in reports], ",") or "nothing"
 
 
 def per_attempt(reports: list[Seen]) -> list[tuple[Any, str | None]]:

@@ -21,7 +21,8 @@ vectors", says what each ``.json`` holds. ``manifest.json`` is a JSON object (so
                   "rule": {"section": "Decoding and poison messages", "text": "check 3: ..."},
                   "expect": "poison invalid_json, no task id"}, ...]}
 
-:func:`load_manifest` reads it into :class:`Manifest`.
+:func:`load_manifest` reads it into :class:`Manifest`; :func:`export_vectors` copies the tree
+out, with the protocol's JSON Schemas beside it (``schemas/``), for a suite of another language.
 """
 
 from __future__ import annotations
@@ -35,10 +36,13 @@ from typing import Final, Literal
 
 from pydantic import TypeAdapter
 
+from async_task_api_worker.protocol.schemas import SCHEMA_NAMES, schema_bytes, schema_file_name
+
 __all__ = [
     "FOLDERS",
     "FORMAT_VERSION",
     "MANIFEST_NAME",
+    "SCHEMAS_FOLDER",
     "Manifest",
     "Rule",
     "VectorEntry",
@@ -53,6 +57,8 @@ FORMAT_VERSION: Final = 1
 MANIFEST_NAME: Final = "manifest.json"
 #: Each kind's folder in the tree.
 FOLDERS: Final = {"envelope": "envelopes", "report": "reports", "cancel": "cancels"}
+#: The folder of an export (:func:`export_vectors`) that holds the protocol's JSON Schemas.
+SCHEMAS_FOLDER: Final = "schemas"
 #: A vector's id: its number and its name, which are also its files' stem.
 _ID: Final = re.compile(r"[0-9]{3}-[a-z0-9]+(?:-[a-z0-9]+)*")
 
@@ -137,7 +143,12 @@ def load_manifest() -> Manifest:
 
 
 def export_vectors(dest: Path, *, force: bool = False) -> int:
-    """Copy ``manifest.json`` and every vector it names into ``dest``, byte for byte.
+    """Copy ``manifest.json``, every vector it names and the JSON Schemas into ``dest``.
+
+    Byte for byte: the vectors as shipped here, the schemas as ``protocol/schemas`` ships them,
+    under ``dest/schemas/`` (:data:`SCHEMAS_FOLDER`: ``envelope.schema.json``,
+    ``report.schema.json``, ``cancel.schema.json``), so that a suite of another language can
+    check the manifest's ``schema_valid`` verdicts without this package.
 
     ``dest`` is created (parents too) if missing. Nothing is ever deleted: with ``force``, files
     of the same names in a non-empty ``dest`` are overwritten and other files are left alone.
@@ -162,7 +173,12 @@ def export_vectors(dest: Path, *, force: bool = False) -> int:
         *(name for entry in manifest.vectors for name in (entry.json, entry.bin)),
     ]
     for name in names:
-        target = dest / name
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(tree.joinpath(*name.split("/")).read_bytes())
+        _write(dest / name, tree.joinpath(*name.split("/")).read_bytes())
+    for schema in SCHEMA_NAMES:
+        _write(dest / SCHEMAS_FOLDER / schema_file_name(schema), schema_bytes(schema))
     return len(manifest.vectors)
+
+
+def _write(target: Path, content: bytes) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_bytes(content)

@@ -20,6 +20,7 @@ from async_task_api_worker.conformance.case import (
     task_id,
 )
 from async_task_api_worker.conformance.dead_letters import DeadLetters, dead_letter_target
+from async_task_api_worker.conformance.differences import MISSING, value_difference
 from async_task_api_worker.conformance.wire import Wire
 from async_task_api_worker.protocol.codes import ErrorCode
 from async_task_api_worker.protocol.encoding import MAX_NESTING_DEPTH
@@ -41,7 +42,8 @@ async def round_trip(wire: Wire, setup: Setup, found: Findings) -> None:
     found.expect(reports[0].type == "started", f"first report is {reports[0].type}, not started")
     success = one_success(found, tid, reports, tid)
     if success is not None and success.document is not None:
-        found.expect(success.document.get("response") == output, "the response is not the output")
+        wrong = value_difference(output, success.document.get("response", MISSING), "response")
+        found.expect(wrong is None, f"the response is not the output: {wrong}")
         found.expect(success.document.get("attempt") == 1, "a first delivery is not attempt 1")
     found.notes.append(f"{tid}: {kinds(reports)}")
 

@@ -6,7 +6,6 @@ See ``conformance.case`` for what a case is; docs/protocol.md for the rules.
 from __future__ import annotations
 
 import itertools
-import re
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any, Final
@@ -20,10 +19,16 @@ from async_task_api_worker.conformance.case import (
     task_id,
     terminal,
 )
+from async_task_api_worker.conformance.differences import (
+    MISSING,
+    byte_difference,
+    schema_lines,
+    value_difference,
+)
+from async_task_api_worker.conformance.report_rules import RULED_FIELDS
 from async_task_api_worker.conformance.wire import Seen, Wire
 from async_task_api_worker.protocol.codes import MAX_ERROR_MESSAGE_CHARS
 from async_task_api_worker.protocol.encoding import canonical_dumps, strict_loads
-from async_task_api_worker.protocol.reports import TIMESTAMP_PATTERN
 
 __all__ = ["LONG_MESSAGE", "check_encoding", "cut_problem", "encoding", "order", "schema_validator"]
 
@@ -80,8 +85,10 @@ def schema_validator() -> Callable[[Any], list[str]] | None:
     """The report schema's check (``protocol/schemas``) for :func:`check_encoding`.
 
     Returns:
-        A function of a decoded report giving its schema errors (each cut to 120 characters,
-        none for a valid report), or ``None`` without the ``conformance`` extra (jsonschema).
+        A function of a decoded report giving at most two of its schema errors, each a short
+        line (``differences.schema_lines``; none for a valid report), or ``None`` without the
+        ``conformance`` extra (jsonschema). Errors on the fields the every-report rules judge
+        (``report_rules.RULED_FIELDS``) are left to them, so that each is said once a run.
     """
     try:
         from jsonschema import Draft202012Validator  # type: ignore[import-untyped,unused-ignore]
@@ -90,7 +97,7 @@ def schema_validator() -> Callable[[Any], list[str]] | None:
     from async_task_api_worker.protocol.schemas import load_schema
 
     validator = Draft202012Validator(load_schema("report"))
-    return lambda document: [error.message[:120] for error in validator.iter_errors(document)]
+    return lambda document: schema_lines(validator.iter_errors(document), leave=RULED_FIELDS)
 
 
 def check_encoding(
@@ -102,16 +109,19 @@ def check_encoding(
     if document is None:
         found.problems.append(f"{label}: the body is not a JSON object")
         return None
+    canonical = canonical_dumps(document)
     found.expect(
-        canonical_dumps(document) == seen.body,
+        canonical == seen.body,
         f"{label}: not the canonical encoding (key order, separators, number or string forms): "
-        f"{seen.body[:80]!r}",
+        f"{byte_difference(canonical, seen.body)}",
     )
     if validate is not None:
         # The schema's verdict as any validator gives it, on the body read the usual way: it
         # takes 1.0 for an integer, and the number types are report_rules' to judge.
         errors = validate(strict_loads(seen.body.decode()))
-        found.expect(not errors, f"{label}: not valid against report.schema.json: {errors[:2]}")
+        found.expect(
+            not errors, f"{label}: not valid against report.schema.json: {'; '.join(errors)}"
+        )
     props = seen.properties
     kind = document.get("type")
     tid = document.get("task_id")
@@ -128,11 +138,10 @@ def check_encoding(
     found.expect(
         document.get("service") == service, f"{label}: service is {document.get('service')!r}"
     )
-    stamp = document.get("timestamp")
-    if isinstance(stamp, str) and found.expect(
-        re.match(TIMESTAMP_PATTERN, stamp, re.ASCII) is not None, f"{label}: timestamp {stamp!r}"
-    ):
-        seconds = int(datetime.fromisoformat(stamp).timestamp())
+    # The timestamp's form is report_rules' to judge; any time with an offset is compared here.
+    moment = _moment(document.get("timestamp"))
+    if moment is not None:
+        seconds = int(moment.timestamp())
         found.expect(
             props.get("timestamp") == seconds,
             f"{label}: AMQP timestamp {props.get('timestamp')} is not {seconds} (whole seconds "
@@ -147,6 +156,17 @@ def check_encoding(
     ):
         return int(attempt) if isinstance(attempt, int) else 0, int(seq)
     return None
+
+
+def _moment(stamp: object) -> datetime | None:
+    """``stamp`` read as an ISO 8601 time with an offset; ``None`` when it is not one."""
+    if not isinstance(stamp, str):
+        return None
+    try:
+        moment = datetime.fromisoformat(stamp)
+    except ValueError:
+        return None
+    return moment if moment.tzinfo is not None else None
 
 
 async def encoding(wire: Wire, setup: Setup, found: Findings) -> None:
@@ -200,16 +220,21 @@ async def encoding(wire: Wire, setup: Setup, found: Findings) -> None:
             last = position or last
             document = seen.document or {}
             if seen.type == "success":
-                wanted = canonical_dumps(task_input.get("output", {}))
+                wrong = value_difference(
+                    task_input.get("output", {}), document.get("response", MISSING), "response"
+                )
                 found.expect(
-                    canonical_dumps(document.get("response")) == wanted,
-                    f"{tid}: the response is not the output, value for value and type for type",
+                    wrong is None,
+                    f"{tid}: the response is not the output, value for value and type for type: "
+                    f"{wrong}",
                 )
             if seen.type == "progress":
+                reported = {"fraction": 0.25, "payload": payload}
+                sent = {key: document.get(key, MISSING) for key in reported}
+                wrong = value_difference(reported, sent, "", "reported")
                 found.expect(
-                    canonical_dumps(document.get("payload")) == canonical_dumps(payload)
-                    and document.get("fraction") == 0.25,
-                    f"{tid}: the progress report is not the fraction and payload reported",
+                    wrong is None,
+                    f"{tid}: the progress report is not the fraction and payload reported: {wrong}",
                 )
             if seen.type == "failure" and task_input["behaviour"] == "fail":
                 error = document.get("error")

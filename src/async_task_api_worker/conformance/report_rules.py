@@ -14,8 +14,12 @@ comparison of any case takes a ``"protocol_version":1.0`` or an ``"attempt":1.0`
   of another run) is not checked here, and the case waiting for the right one sees nothing;
 - **the number types**: ``attempt`` an integer of at least 1, a ``progress`` report's
   ``fraction`` a float (``0.0``, not ``0``) in [0, 1);
-- **timestamps in order**: within one delivery (the reports of one task and attempt, from the
-  one whose ``seq`` is 0), no report's ``timestamp`` is earlier than an earlier report's.
+- **timestamps**: each of the one form, UTC with six fraction digits (``…46.123456Z``, not
+  ``…46.123Z``), and in order: within one delivery (the reports of one task and attempt, from
+  the one whose ``seq`` is 0), no report's ``timestamp`` is earlier than an earlier report's.
+
+The report schema also judges these fields (:data:`RULED_FIELDS`); the ``encoding`` case
+leaves them to this module, so that a defect is said once, here.
 
 Each rule is reported once a run, by the first case whose reports break it: a worker that
 breaks it in every report fails that case alone (``round_trip`` when it runs), and the
@@ -24,22 +28,24 @@ verdicts name each defect once.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from async_task_api_worker.conformance.differences import MISSING, shown
 from async_task_api_worker.errors import EnvelopeDecodeError
 from async_task_api_worker.protocol.encoding import strict_loads
 from async_task_api_worker.protocol.envelope import decode_envelope
 from async_task_api_worker.protocol.reports import TIMESTAMP_PATTERN
 
-__all__ = ["Float", "ReportRules", "Seen", "read_json"]
+__all__ = ["RULED_FIELDS", "Float", "ReportRules", "Seen", "read_json"]
 
 _TIMESTAMP: Final = re.compile(TIMESTAMP_PATTERN, re.ASCII)
-#: A field the report lacks, as the problems show it.
-_MISSING: Final = object()
+#: The report fields whose every rule (the report schema's among them) this module judges.
+RULED_FIELDS: Final = frozenset(
+    {"protocol_version", "client_id", "service", "attempt", "fraction", "timestamp"}
+)
 
 
 class Float(float):
@@ -116,17 +122,6 @@ class _Echo:
     poison: bool
 
 
-def _shown(value: object) -> str:
-    """``value`` as JSON text (``1.0``, ``null``, ``"text"``), cut to 60 characters."""
-    if value is _MISSING:
-        return "missing"
-    try:
-        text = json.dumps(value, ensure_ascii=False)
-    except (TypeError, ValueError):
-        text = repr(value)
-    return text if len(text) <= 60 else f"{text[:57]}..."
-
-
 @dataclass
 class ReportRules:
     """Holds every report to the rules of the module; one for a run of the kit.
@@ -170,41 +165,46 @@ class ReportRules:
         if document is None or echo is None or task_id is None:
             return  # not a report of the kit's tasks: the cases judge what they wait for
         label = seen.properties.get("message_id") or task_id
-        version = document.get("protocol_version", _MISSING)
+        version = document.get("protocol_version", MISSING)
         if type(version) is not int or version != 1:
-            yield "protocol_version", f"{label}: protocol_version is {_shown(version)}, not 1"
-        client_id = document.get("client_id", _MISSING)
-        if client_id is _MISSING or client_id != echo.client_id:
+            yield "protocol_version", f"{label}: protocol_version is {shown(version)}, not 1"
+        client_id = document.get("client_id", MISSING)
+        if client_id is MISSING or client_id != echo.client_id:
             source = "as recovered from the poison body" if echo.poison else "the envelope's"
             yield (
                 "client_id",
-                f"{label}: client_id is {_shown(client_id)}, not {_shown(echo.client_id)} "
-                f"({source})",
+                f"{label}: client_id is {shown(client_id)}, not {shown(echo.client_id)} ({source})",
             )
-        own = document.get("service", _MISSING)
+        own = document.get("service", MISSING)
         if own != service:
             yield (
                 "service",
-                f"{label}: service is {_shown(own)}, not the worker's {_shown(service)}",
+                f"{label}: service is {shown(own)}, not the worker's {shown(service)}",
             )
-        attempt = document.get("attempt", _MISSING)
+        attempt = document.get("attempt", MISSING)
         if type(attempt) is not int or attempt < 1:
-            yield "attempt", f"{label}: attempt is {_shown(attempt)}, not an integer of at least 1"
+            yield "attempt", f"{label}: attempt is {shown(attempt)}, not an integer of at least 1"
         if document.get("type") == "progress":
-            fraction = document.get("fraction", _MISSING)
+            fraction = document.get("fraction", MISSING)
             if not isinstance(fraction, Float) or not 0 <= fraction < 1:
-                yield "fraction", f"{label}: fraction is {_shown(fraction)}, not a float in [0, 1)"
-        stamp = document.get("timestamp")
-        if isinstance(stamp, str) and _TIMESTAMP.fullmatch(stamp):
-            delivery = (task_id, _shown(attempt))
-            if str(seen.properties.get("message_id")).endswith("/0"):
-                self._latest.pop(delivery, None)  # seq 0: a delivery's first report
-            latest = self._latest.get(delivery)
-            # One fixed format, zero-padded: the text sorts as the moment does.
-            if latest is not None and stamp < latest:
-                yield (
-                    "timestamp",
-                    f"{label}: timestamp {stamp} goes back from {latest}, an earlier report's "
-                    f"in the same delivery",
-                )
-            self._latest[delivery] = max(stamp, latest or stamp)
+                yield "fraction", f"{label}: fraction is {shown(fraction)}, not a float in [0, 1)"
+        delivery = (task_id, shown(attempt))
+        if str(seen.properties.get("message_id")).endswith("/0"):
+            self._latest.pop(delivery, None)  # seq 0: a delivery's first report
+        stamp = document.get("timestamp", MISSING)
+        if not isinstance(stamp, str) or not _TIMESTAMP.fullmatch(stamp):
+            yield (
+                "timestamp_form",
+                f"{label}: timestamp is {shown(stamp)}, not UTC with six fraction digits "
+                f"(YYYY-MM-DDTHH:MM:SS.ffffffZ)",
+            )
+            return
+        latest = self._latest.get(delivery)
+        # One fixed format, zero-padded: the text sorts as the moment does.
+        if latest is not None and stamp < latest:
+            yield (
+                "timestamp",
+                f"{label}: timestamp {stamp} goes back from {latest}, an earlier report's "
+                f"in the same delivery",
+            )
+        self._latest[delivery] = max(stamp, latest or stamp)

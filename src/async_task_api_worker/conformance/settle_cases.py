@@ -12,11 +12,13 @@ from collections.abc import Awaitable, Callable
 
 from async_task_api_worker.conformance.admin import Admin, AdminError, hold_length
 from async_task_api_worker.conformance.case import (
+    CATCH_WINDOW_S,
     HOLD_S,
     SLEEP_S,
     Findings,
     Setup,
     Skip,
+    capped,
     envelope,
     error_code,
     kinds,
@@ -25,11 +27,12 @@ from async_task_api_worker.conformance.case import (
     task_id,
     terminal,
 )
-from async_task_api_worker.conformance.wire import Wire
+from async_task_api_worker.conformance.differences import MISSING, shown
+from async_task_api_worker.conformance.wire import Seen, Wire
 from async_task_api_worker.protocol.codes import ErrorCode
 from async_task_api_worker.transports.rabbitmq.topology import queue_type
 
-__all__ = ["acknowledgement", "retries", "settled", "until"]
+__all__ = ["acknowledgement", "deliveries", "never_grew", "retries", "settled", "until"]
 
 # ------------------------------------------------------------------------------- retries
 
@@ -39,23 +42,37 @@ async def retries(wire: Wire, setup: Setup, found: Findings) -> None:
 
     docs/protocol.md, "Attempts and the delivery limit". The kit takes each task before the
     worker and gives it back (``Wire.borrow``), so that the worker first sees it with a count
-    it never caused: a worker that counts attempts itself reports the wrong one.
+    it never caused: a worker that counts attempts itself reports the wrong one. At the end,
+    what is left of the case's tasks in the input queue is taken out (a worker whose attempt
+    never reaches the limit requeues its retried task for ever), so that the later cases see
+    the worker as it is.
     """
     if wire.in_queue_type != "quorum":
         raise Skip(
             f"the input queue is {wire.in_queue_type}: only a quorum queue counts deliveries"
         )
+    try:
+        await _attempts(wire, setup, found)
+    finally:
+        caught = await wire.catch_requeued(CATCH_WINDOW_S)
+        if caught:
+            found.notes.append(
+                f"taken out of the input queue at the case's end: {len(caught):,} "
+                f"{'delivery' if len(caught) == 1 else 'deliveries'} of its tasks"
+            )
+
+
+async def _attempts(wire: Wire, setup: Setup, found: Findings) -> None:
     limit = setup.delivery_limit
     counted = task_id(setup, "retries", 1)
     counts = await wire.borrow(envelope(setup, counted, {"behaviour": "succeed"}), counted, times=2)
     if counts[1:] and counts[1] is None:
         raise Skip("the broker does not count a delivery given back (no x-delivery-count)")
     reports = await wire.wait_terminal(counted)
-    attempts = [(seen.document or {}).get("attempt") for seen in reports]
     found.expect(
         per_attempt(reports) == [(3, "started"), (3, "success")],
         f"given back twice before the worker: expected started and success at attempt 3, "
-        f"saw {kinds(reports)} at attempts {attempts}",
+        f"saw {_saw(reports)}",
     )
 
     # A producer must not set x-delivery-count, and a first delivery is attempt 1 whatever it
@@ -64,11 +81,10 @@ async def retries(wire: Wire, setup: Setup, found: Findings) -> None:
     body = envelope(setup, forged, {"behaviour": "succeed"})
     await wire.publish(body, message_id=forged, headers={"x-delivery-count": limit + 2})
     reports = await wire.wait_terminal(forged)
-    attempts = [(seen.document or {}).get("attempt") for seen in reports]
     found.expect(
         per_attempt(reports) == [(1, "started"), (1, "success")],
         f"a first delivery carrying a forged x-delivery-count of {limit + 2}: expected started "
-        f"and success at attempt 1, saw {kinds(reports)} at attempts {attempts}",
+        f"and success at attempt 1, saw {_saw(reports)}",
     )
 
     abandoned = task_id(setup, "retries", 2)
@@ -81,23 +97,68 @@ async def retries(wire: Wire, setup: Setup, found: Findings) -> None:
         and attempts == [limit + 1],
         f"given back {limit} times (the limit): expected one failure "
         f"TASK_ABANDONED_AFTER_REDELIVERIES at attempt {limit + 1} without running, saw "
-        f"{kinds(reports)} at attempts {attempts}",
+        f"{_saw(reports)}",
     )
 
     last = task_id(setup, "retries", 3)
     before = max(limit - 2, 0)
     retry = {"behaviour": "retry", "code": "CONFORMANCE_RETRY", "retry_delay_s": 0}
     await wire.borrow(envelope(setup, last, retry), last, before)
-    reports = await wire.wait_terminal(last)
-    seen_pairs = [((s.document or {}).get("attempt"), s.type) for s in reports]
     expected = [(attempt, "started") for attempt in range(before + 1, limit + 1)]
+    # A worker whose attempt never reaches the limit retries for ever: waited for until the
+    # task was delivered more often than any count within the limit allows, not for the
+    # whole timeout (one that counts attempts itself, from 1, still ends within it).
+    reports = await wire.wait_for(
+        last, lambda seen: terminal(seen) is not None or deliveries(seen) > limit + 1
+    )
+    if terminal(reports) is not None:
+        reports = await wire.wait_terminal(last)
     expected.append((limit, "failure"))
+    seen_pairs = [
+        ((s.document or {}).get("attempt"), s.type) for s in reports if s.type != "progress"
+    ]
     found.expect(
         per_attempt(reports) == expected and error_code(terminal(reports)) == "CONFORMANCE_RETRY",
         f"a retryable error from attempt {before + 1}: expected {expected} ending in "
-        f"CONFORMANCE_RETRY, saw {seen_pairs}",
+        f"CONFORMANCE_RETRY, saw [{capped(seen_pairs)}]{never_grew(reports)}",
     )
     found.notes.append(f"delivery limit {limit}; the broker's counts when borrowed: {counts}")
+
+
+def _saw(reports: list[Seen]) -> str:
+    """The reports' types and attempts, for a line: ``started,success at attempts [3, 3]``."""
+    attempts = [(seen.document or {}).get("attempt") for seen in reports]
+    return f"{kinds(reports)} at attempts [{capped(attempts)}]"
+
+
+def _opens_delivery(seen: Seen) -> bool:
+    """Whether ``seen`` is the first report of a delivery (its ``seq`` is 0)."""
+    return str(seen.properties.get("message_id")).endswith("/0")
+
+
+def deliveries(reports: list[Seen]) -> int:
+    """How many deliveries ``reports`` (one task's) come from: each one's first has ``seq`` 0."""
+    return sum(_opens_delivery(seen) for seen in reports)
+
+
+def never_grew(reports: list[Seen]) -> str:
+    """A hint for a line when a task's deliveries all reported one attempt; else ``""``.
+
+    Returns:
+        ``; the attempt never grew (N deliveries, each attempt A): read x-delivery-count`` when
+        more than one delivery (``deliveries``) said the same attempt.
+    """
+    firsts = [
+        shown((seen.document or {}).get("attempt", MISSING))
+        for seen in reports
+        if _opens_delivery(seen)
+    ]
+    if len(firsts) < 2 or len(set(firsts)) > 1:
+        return ""
+    return (
+        f"; the attempt never grew ({len(firsts):,} deliveries, each attempt {firsts[0]}): "
+        f"read x-delivery-count"
+    )
 
 
 # ------------------------------------------------------------------------------- acknowledgement

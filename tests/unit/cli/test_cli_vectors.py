@@ -10,7 +10,7 @@ import pytest
 
 from async_task_api_worker.cli import main
 from async_task_api_worker.cli.commands import vectors as vectors_module
-from async_task_api_worker.conformance.golden import MANIFEST_NAME, load_manifest
+from async_task_api_worker.conformance.golden import MANIFEST_NAME, SCHEMAS_FOLDER, load_manifest
 
 COUNT = len(load_manifest().vectors)
 
@@ -21,10 +21,18 @@ def test_vectors_exports_and_prints_one_line(
     dest = tmp_path / "vectors"
     assert main(["vectors", str(dest)]) == 0
     out, err = capsys.readouterr()
-    assert out == f"{COUNT} golden vectors written to {dest.resolve()} (index: {MANIFEST_NAME})\n"
+    assert out == (
+        f"{COUNT} golden vectors and the JSON Schemas written to {dest.resolve()} "
+        f"(index: {MANIFEST_NAME}; schemas: {SCHEMAS_FOLDER}/)\n"
+    )
     assert err == ""
     assert (dest / MANIFEST_NAME).is_file()
     assert len(list(dest.rglob("*.bin"))) == COUNT
+    assert sorted(path.name for path in (dest / SCHEMAS_FOLDER).iterdir()) == [
+        "cancel.schema.json",
+        "envelope.schema.json",
+        "report.schema.json",
+    ]
 
 
 def test_vectors_refuses_a_non_empty_folder_with_one_line(
@@ -44,7 +52,9 @@ def test_vectors_force_writes_into_a_non_empty_folder(
 ) -> None:
     (tmp_path / "notes.txt").write_text("mine")
     assert main(["vectors", "--force", str(tmp_path)]) == 0
-    assert capsys.readouterr().out.startswith(f"{COUNT} golden vectors written to ")
+    assert capsys.readouterr().out.startswith(
+        f"{COUNT} golden vectors and the JSON Schemas written to "
+    )
     assert (tmp_path / "notes.txt").read_text() == "mine"
     assert (tmp_path / MANIFEST_NAME).is_file()
 
@@ -88,4 +98,4 @@ def test_vectors_as_a_process(tmp_path: Path) -> None:
         timeout=30,
     )
     assert (done.returncode, done.stderr) == (0, "")
-    assert done.stdout.startswith(f"{COUNT} golden vectors written to ")
+    assert done.stdout.startswith(f"{COUNT} golden vectors and the JSON Schemas written to ")

@@ -98,8 +98,83 @@ def test_the_schema_check_names_a_missing_field() -> None:
     assert validate is not None
     body, _ = _success()
     document = json.loads(body)
+    del document["task_id"]
+    assert validate(document) == ["$ (required): 'task_id' is a required property"]
+
+
+def test_the_schema_check_leaves_the_fields_of_the_every_report_rules_to_them() -> None:
+    validate = schema_validator()
+    assert validate is not None
+    body, _ = _success()
+    document = json.loads(body)
     del document["attempt"]
-    assert validate(document)
+    document["timestamp"] = "2026-11-29T22:48:46.123Z"
+    document["protocol_version"] = 2
+    assert validate(document) == []
+    assert validate({**document, "extra": 1}) == [
+        "$ (additionalProperties): Additional properties are not allowed ('extra' was unexpected)"
+    ]
+
+
+def test_the_schema_check_names_the_path_and_keyword_of_at_most_two_errors() -> None:
+    validate = schema_validator()
+    assert validate is not None
+    body, _ = _success()
+    document = {**json.loads(body), "type": "failure", "response": None}
+    del document["response"]
+    document["error"] = {"code": "not a code", "message": 5, "extra": True}
+    lines = validate(document)
+    assert len(lines) == 2
+    assert all(line.startswith("$.error") for line in lines), lines
+    assert "$.error.code (pattern): 'not a code' does not match" in " ".join(lines)
+
+
+def test_a_report_of_no_known_type_is_said_by_its_type() -> None:
+    validate = schema_validator()
+    assert validate is not None
+    body, _ = _success()
+    lines = validate({**json.loads(body), "type": "done"})
+    assert len(lines) == 1
+    assert lines[0].startswith("$.type (const): "), lines
+
+
+def test_the_canonical_encoding_line_shows_where_the_bytes_part() -> None:
+    body, properties = _success()
+    spaced = body.replace(b'"client_id":"c",', b'"client_id": "c",')
+    found = Findings()
+    check_encoding(found, _seen(spaced, **properties), "conformance", None)
+    [line] = found.problems
+    offset = body.index(b'"c"')  # where the space goes in
+    assert (
+        f"not the canonical encoding (key order, separators, number or string forms): at byte "
+        f"{offset} (of {len(body)} expected, {len(spaced)} sent): " in line
+    )
+    assert """expected b'{"attempt":2,"client_id":"c",""" in line
+    assert """sent b'{"attempt":2,"client_id": "c",""" in line
+    assert "\n" not in line
+
+
+def test_a_timestamp_of_another_form_is_left_to_the_every_report_rules() -> None:
+    report = SuccessReport(
+        protocol_version=1,
+        type="success",
+        task_id="t-1",
+        client_id="c",
+        service="conformance",
+        attempt=2,
+        timestamp="2026-11-29T22:48:46.123456Z",
+        response={},
+    )
+    encoded = encode_report(report, seq=1)
+    properties = dict(encoded.properties.recorded())
+    millis = encoded.body.replace(b"46.123456Z", b"46.123Z")
+    found = Findings()
+    check_encoding(found, _seen(millis, **properties), "conformance", schema_validator())
+    assert found.problems == []
+    properties["timestamp"] = properties["timestamp"] * 1000
+    check_encoding(found, _seen(millis, **properties), "conformance", schema_validator())
+    assert len(found.problems) == 1
+    assert "AMQP timestamp" in found.problems[0]
 
 
 def test_padded_envelopes_are_exactly_the_size_asked_for() -> None:

@@ -195,6 +195,39 @@ def test_a_timestamp_earlier_than_one_of_its_delivery_is_caught() -> None:
     ]
 
 
+@pytest.mark.parametrize(
+    ("stamp", "shown"),
+    [
+        ("2026-11-29T22:48:46.123Z", '"2026-11-29T22:48:46.123Z"'),
+        ("2026-11-29T22:48:46Z", '"2026-11-29T22:48:46Z"'),
+        ("2026-11-29T22:48:46.123456+00:00", '"2026-11-29T22:48:46.123456+00:00"'),
+        (1764456526, "1764456526"),
+    ],
+)
+def test_a_timestamp_of_another_form_breaks_a_rule_of_every_report(
+    stamp: object, shown: str
+) -> None:
+    assert _rules().check(_report(at=stamp), "conformance") == [
+        f"{TID}/1/0: timestamp is {shown}, not UTC with six fraction digits "
+        f"(YYYY-MM-DDTHH:MM:SS.ffffffZ)"
+    ]
+
+
+def test_a_missing_timestamp_breaks_the_form_rule_once_a_run() -> None:
+    rules = _rules()
+    body = _report().body.replace(b',"timestamp":"2026-11-29T22:48:46.000001Z"', b"")
+    assert rules.check(_raw(body), "conformance") == [
+        f"{TID}/1/0: timestamp is missing, not UTC with six fraction digits "
+        f"(YYYY-MM-DDTHH:MM:SS.ffffffZ)"
+    ]
+    assert (
+        rules.check(
+            _report("success", seq=1, at="2026-11-29T22:48:46Z", response={}), "conformance"
+        )
+        == []
+    )
+
+
 def test_timestamps_are_compared_within_one_delivery_only() -> None:
     rules = _rules()
     stamps = ["2026-11-29T22:48:47.000000Z", "2026-11-29T22:48:47.000000Z"]

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import zipfile
+from importlib import resources
 from pathlib import Path
 
 import pytest
@@ -15,10 +16,12 @@ from async_task_api_worker.conformance import golden
 from async_task_api_worker.conformance.golden import (
     FORMAT_VERSION,
     MANIFEST_NAME,
+    SCHEMAS_FOLDER,
     export_vectors,
     load_manifest,
     vector_root,
 )
+from async_task_api_worker.protocol.schemas import SCHEMA_NAMES, load_schema
 
 ROOT = vector_root()
 MANIFEST = load_manifest()
@@ -34,6 +37,17 @@ def _files_on_disk() -> set[str]:
 
 def _files_named() -> set[str]:
     return {name for entry in MANIFEST.vectors for name in (entry.json, entry.bin)}
+
+
+#: The JSON Schemas as an export holds them, each with the shipped file's bytes.
+SCHEMA_FILES = {
+    f"{SCHEMAS_FOLDER}/{name}.schema.json": (
+        resources.files("async_task_api_worker.protocol.schemas")
+        .joinpath(f"{name}.schema.json")
+        .read_bytes()
+    )
+    for name in SCHEMA_NAMES
+}
 
 
 # ------------------------------------------------------------------------------- the manifest
@@ -231,9 +245,17 @@ def test_export_vectors_round_trips_byte_for_byte(tmp_path: Path) -> None:
         if path.is_file()
     }
     assert count == len(MANIFEST.vectors)
-    assert exported.keys() == _files_named() | {MANIFEST_NAME}
+    assert exported.keys() == _files_named() | {MANIFEST_NAME} | SCHEMA_FILES.keys()
     for name, content in exported.items():
-        assert content == (ROOT / name).read_bytes(), name
+        expected = SCHEMA_FILES.get(name) or (ROOT / name).read_bytes()
+        assert content == expected, name
+
+
+def test_the_export_holds_the_json_schemas_the_package_loads(tmp_path: Path) -> None:
+    export_vectors(tmp_path)
+    for name in SCHEMA_NAMES:
+        exported = tmp_path / SCHEMAS_FOLDER / f"{name}.schema.json"
+        assert json.loads(exported.read_bytes()) == load_schema(name)
 
 
 def test_export_vectors_writes_into_an_empty_folder(tmp_path: Path) -> None:
@@ -254,6 +276,20 @@ def test_export_vectors_refuses_a_non_empty_folder_unless_forced(tmp_path: Path)
     assert mine.read_text() == "mine", "force deletes nothing"
 
 
+def test_force_overwrites_a_stale_schema_and_keeps_other_files_beside_it(tmp_path: Path) -> None:
+    folder = tmp_path / SCHEMAS_FOLDER
+    folder.mkdir()
+    (folder / "report.schema.json").write_bytes(b"stale")
+    (folder / "mine.schema.json").write_bytes(b"mine")
+    with pytest.raises(FileExistsError, match="not empty"):
+        export_vectors(tmp_path)
+    export_vectors(tmp_path, force=True)
+    assert (folder / "report.schema.json").read_bytes() == SCHEMA_FILES[
+        f"{SCHEMAS_FOLDER}/report.schema.json"
+    ]
+    assert (folder / "mine.schema.json").read_bytes() == b"mine"
+
+
 def test_export_vectors_refuses_a_file(tmp_path: Path) -> None:
     target = tmp_path / "vectors"
     target.write_text("")
@@ -268,6 +304,7 @@ def test_the_accessor_api_is_pinned() -> None:
         "MANIFEST_NAME",
         "Manifest",
         "Rule",
+        "SCHEMAS_FOLDER",
         "VectorEntry",
         "export_vectors",
         "load_manifest",

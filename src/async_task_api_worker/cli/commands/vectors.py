@@ -1,23 +1,23 @@
-"""``vectors DIR``: copy the protocol's golden vectors and their manifest out of the package.
+"""``vectors DIR``: copy the golden vectors, their manifest and the JSON Schemas out of the package.
 
 For another language's test suite (docs/conformance.md, "The golden vectors"). Prints one line,
-how many vectors and where; exits 0, 2 with one line when ``DIR`` is not an empty or missing
-folder (``--force`` writes into a non-empty one, deleting nothing), 1 when a file cannot be
-written.
+how many vectors and where (the schemas in ``DIR/schemas/``); exits 0, 2 with one line when
+``DIR`` is not an empty or missing folder (``--force`` writes into a non-empty one, deleting
+nothing), 1 when a file cannot be written.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from async_task_api_worker.conformance.golden import MANIFEST_NAME, export_vectors
+from async_task_api_worker.conformance.golden import MANIFEST_NAME, SCHEMAS_FOLDER, export_vectors
 from async_task_api_worker.runtime.exit_codes import ExitCode, say_error
 
 __all__ = ["vectors_command"]
 
 
 def vectors_command(dest: str, *, force: bool = False) -> int:
-    """Export the golden vectors into ``dest``; return the exit code.
+    """Export the golden vectors and the JSON Schemas into ``dest``; return the exit code.
 
     Args:
         dest: the folder to write, created if missing.
@@ -35,5 +35,8 @@ def vectors_command(dest: str, *, force: bool = False) -> int:
     except OSError as exc:  # a read-only or full disk, a permission: not the caller's usage
         say_error(f"cannot write the vectors to {path}: {exc}")
         return ExitCode.FAILURE
-    print(f"{count} golden vectors written to {path.resolve()} (index: {MANIFEST_NAME})")
+    print(
+        f"{count} golden vectors and the JSON Schemas written to {path.resolve()} "
+        f"(index: {MANIFEST_NAME}; schemas: {SCHEMAS_FOLDER}/)"
+    )
     return ExitCode.OK
