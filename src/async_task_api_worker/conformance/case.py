@@ -30,6 +30,7 @@ __all__ = [
     "Findings",
     "Setup",
     "Skip",
+    "attempt_of",
     "capped",
     "envelope",
     "error_code",
@@ -144,6 +145,18 @@ def kinds(reports: list[Seen]) -> str:
     return capped([str(seen.type) for seen in reports], ",") or "nothing"
 
 
+def attempt_of(seen: Seen) -> Any:
+    """The report's ``attempt`` by its value: an integral float (``3.0``) is read as ``3``.
+
+    The cases judge which attempt a report is of; whether it is written as an integer is
+    ``conformance.report_rules``' rule, reported once a run.
+    """
+    attempt = (seen.document or {}).get("attempt")
+    if isinstance(attempt, float) and attempt.is_integer():
+        return int(attempt)
+    return attempt
+
+
 def per_attempt(reports: list[Seen]) -> list[tuple[Any, str | None]]:
     """The reports' ``(attempt, type)``, progress left out and a pair repeated in a row once.
 
@@ -152,7 +165,7 @@ def per_attempt(reports: list[Seen]) -> list[tuple[Any, str | None]]:
     """
     pairs: list[tuple[Any, str | None]] = []
     for seen in reports:
-        pair = ((seen.document or {}).get("attempt"), seen.type)
+        pair = (attempt_of(seen), seen.type)
         if seen.type != "progress" and pair not in pairs[-1:]:
             pairs.append(pair)
     return pairs

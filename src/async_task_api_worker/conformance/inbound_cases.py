@@ -13,6 +13,7 @@ from async_task_api_worker.conformance.case import (
     CATCH_WINDOW_S,
     Findings,
     Setup,
+    attempt_of,
     envelope,
     error_code,
     kinds,
@@ -44,7 +45,7 @@ async def round_trip(wire: Wire, setup: Setup, found: Findings) -> None:
     if success is not None and success.document is not None:
         wrong = value_difference(output, success.document.get("response", MISSING), "response")
         found.expect(wrong is None, f"the response is not the output: {wrong}")
-        found.expect(success.document.get("attempt") == 1, "a first delivery is not attempt 1")
+        found.expect(attempt_of(success) == 1, "a first delivery is not attempt 1")
     found.notes.append(f"{tid}: {kinds(reports)}")
 
 

@@ -18,6 +18,7 @@ from async_task_api_worker.conformance.case import (
     Findings,
     Setup,
     Skip,
+    attempt_of,
     capped,
     envelope,
     error_code,
@@ -90,7 +91,7 @@ async def _attempts(wire: Wire, setup: Setup, found: Findings) -> None:
     abandoned = task_id(setup, "retries", 2)
     await wire.borrow(envelope(setup, abandoned, {"behaviour": "succeed"}), abandoned, limit)
     reports = await wire.wait_terminal(abandoned)
-    attempts = [(seen.document or {}).get("attempt") for seen in reports]
+    attempts = [attempt_of(seen) for seen in reports]
     found.expect(
         [seen.type for seen in reports] == ["failure"]
         and error_code(reports[0]) == ErrorCode.TASK_ABANDONED_AFTER_REDELIVERIES
@@ -114,9 +115,7 @@ async def _attempts(wire: Wire, setup: Setup, found: Findings) -> None:
     if terminal(reports) is not None:
         reports = await wire.wait_terminal(last)
     expected.append((limit, "failure"))
-    seen_pairs = [
-        ((s.document or {}).get("attempt"), s.type) for s in reports if s.type != "progress"
-    ]
+    seen_pairs = [(attempt_of(s), s.type) for s in reports if s.type != "progress"]
     found.expect(
         per_attempt(reports) == expected and error_code(terminal(reports)) == "CONFORMANCE_RETRY",
         f"a retryable error from attempt {before + 1}: expected {expected} ending in "
@@ -127,7 +126,7 @@ async def _attempts(wire: Wire, setup: Setup, found: Findings) -> None:
 
 def _saw(reports: list[Seen]) -> str:
     """The reports' types and attempts, for a line: ``started,success at attempts [3, 3]``."""
-    attempts = [(seen.document or {}).get("attempt") for seen in reports]
+    attempts = [attempt_of(seen) for seen in reports]
     return f"{kinds(reports)} at attempts [{capped(attempts)}]"
 
 
