@@ -43,9 +43,12 @@ def identity(process: subprocess.Popen[bytes]) -> Process:
 
 
 def end(process: subprocess.Popen[bytes]) -> None:
+    who = identity(process)
     process.kill()
     process.wait()
-    wait_until(lambda: process_start_time(process.pid) is None)
+    # Not "its pid is gone": on a busy machine (pid_max 32768) another process may take the
+    # pid at once, with another start time, and the maker is dead all the same.
+    wait_until(lambda: not who.running(boot_id()))
 
 
 def test_a_claim_and_a_temporary_name_carry_their_makers_identity(tmp_path: Path) -> None:
