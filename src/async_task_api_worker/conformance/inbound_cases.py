@@ -130,13 +130,15 @@ async def _dead_letter_target(
 ) -> DeadLetters | None:
     """The kit's dead-letter target for the rest of ``stack``; ``None`` (and a note) if none."""
     if setup.admin is None:
-        found.notes.append(f"rejects not checked: {setup.admin_missing}")
+        found.unchecked.append(f"rejects: {setup.admin_missing}")
         return None
     name = f"atw-conformance-dead-{setup.run_id}"
     letters = await stack.enter_async_context(dead_letter_target(wire, setup.admin, name))
     if letters.missing:
-        found.notes.append(f"rejects not checked: {letters.missing}")
+        found.unchecked.append(f"rejects: {letters.missing}")
         return None
+    if letters.own:
+        found.notes.append(f"rejects seen at {wire.in_queue!r}'s own exchange {letters.own!r}")
     return letters
 
 
