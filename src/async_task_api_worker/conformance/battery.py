@@ -25,6 +25,7 @@ from async_task_api_worker.conformance.wire import Wire
 
 __all__ = [
     "STRICT_SKIP",
+    "STRICT_UNCHECKED",
     "Battery",
     "Outcome",
     "Verdict",
@@ -37,6 +38,10 @@ __all__ = [
 
 #: How a skip made a failure by ``--strict`` starts its first line.
 STRICT_SKIP: Final = "skipped, a failure under --strict: "
+#: How a check not made, made a failure by ``--strict``, starts its first line.
+STRICT_UNCHECKED: Final = "not checked, a failure under --strict: "
+#: How a check not made starts its line otherwise.
+_UNCHECKED: Final = "not checked: "
 
 
 class Outcome(StrEnum):
@@ -51,7 +56,8 @@ class Outcome(StrEnum):
 class Verdict:
     """One case's verdict: what it checks, how it ended, what was seen, and its time in s.
 
-    ``strict_skip``: the case was skipped, and a strict run made that a failure.
+    ``strict_skip``: the case was skipped, or made a check not, and a strict run made that a
+    failure. ``unchecked``: the checks not made, each with why (also among ``seen``).
     """
 
     case: str
@@ -60,10 +66,15 @@ class Verdict:
     seen: tuple[str, ...]
     duration_s: float
     strict_skip: bool = False
+    unchecked: tuple[str, ...] = ()
 
 
 def strictly(verdict: Verdict) -> Verdict:
-    """``verdict`` in a strict run: a skip becomes a failure whose first line says so."""
+    """``verdict`` in a strict run: a skip, or a check not made, is a failure that says so."""
+    if verdict.unchecked and verdict.outcome is not Outcome.SKIP:
+        first = STRICT_UNCHECKED + "; ".join(verdict.unchecked)
+        rest = tuple(line for line in verdict.seen if not line.startswith(_UNCHECKED))
+        return replace(verdict, outcome=Outcome.FAIL, seen=(first, *rest), strict_skip=True)
     if verdict.outcome is not Outcome.SKIP:
         return verdict
     why = verdict.seen[0] if verdict.seen else "no reason given"
@@ -141,9 +152,9 @@ async def _run_case(case: Case, wire: Wire, setup: Setup) -> Verdict:
     # The rules every report keeps, whatever its case: one place, so no case can forget them.
     found.problems.extend(wire.broken_rules(setup.service))
     outcome = Outcome.FAIL if found.problems else Outcome.PASS
-    return Verdict(
-        case.name, case.checks, outcome, (*found.problems, *found.notes), _since(started)
-    )
+    unchecked = tuple(found.unchecked)
+    seen = (*found.problems, *found.notes, *(_UNCHECKED + why for why in unchecked))
+    return Verdict(case.name, case.checks, outcome, seen, _since(started), unchecked=unchecked)
 
 
 def _since(started: float) -> float:
@@ -203,7 +214,7 @@ def table(verdicts: Sequence[Verdict]) -> str:
     strict = sum(verdict.strict_skip for verdict in verdicts)
     skipped = len(verdicts) - passed - failed
     lines.append("")
-    why = f" ({strict} of them skipped, failed by --strict)" if strict else ""
+    why = f" ({strict} of them skipped or not checked, failed by --strict)" if strict else ""
     lines.append(f"{passed} passed, {failed} failed{why}, {skipped} skipped")
     return "\n".join(lines)
 

@@ -11,6 +11,7 @@ the case. See ``conformance.case`` for what a case is.
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Final
 
 from async_task_api_worker.client import TaskClient
@@ -33,8 +34,10 @@ from async_task_api_worker.settings import WorkerSettings
 __all__ = ["CANCELLED_SLEEP_S", "cancel"]
 
 #: How long the task cancelled during its run would sleep, in seconds: far longer than a cancel
-#: takes to arrive, so that a success means the cancel was ignored.
-CANCELLED_SLEEP_S: Final = 20.0
+#: takes to arrive, so that a success means the cancel was ignored. The kit watches the task
+#: until its sleep would have ended (plus ``SETTLE_S``), so that a worker that reports the
+#: cancel but runs on is seen when it reports again.
+CANCELLED_SLEEP_S: Final = 5.0
 
 
 async def cancel(wire: Wire, setup: Setup, found: Findings) -> None:
@@ -44,7 +47,8 @@ async def cancel(wire: Wire, setup: Setup, found: Findings) -> None:
       load can let the task reach the worker first): one ``failure`` ``TASK_CANCELLED``, no
       ``started``.
     - **During a run**: a ``sleep`` task, cancelled once its ``started`` arrived: ``started``,
-      then one ``failure`` ``TASK_CANCELLED``, nothing after; the input acked.
+      then one ``failure`` ``TASK_CANCELLED``, nothing after (watched until the sleep would
+      have ended, plus ``SETTLE_S``); the input acked.
     - **After the end**: a ``succeed`` task, cancelled once its ``success`` arrived: nothing
       more within ``SETTLE_S``, and the worker still answers the next task.
     """
@@ -134,13 +138,19 @@ async def _during_a_run(wire: Wire, setup: Setup, found: Findings, client: TaskC
         bool(reports), f"a sleep task: no started report within {wire.timeout_s:.0f} s"
     ):
         return False
+    # The sleep began at most when started arrived: it ends before this moment.
+    started = next(seen for seen in reports if seen.type == "started")
+    sleep_ends = started.at + CANCELLED_SLEEP_S + SETTLE_S
     if not await _cancel(found, client, tid):
         return False
     # A worker that ignores the cancel ends the task when its sleep does.
     await wire.wait_for(
         tid, lambda seen: any(s.terminal for s in seen), wire.timeout_s + CANCELLED_SLEEP_S
     )
-    reports = await wire.wait_terminal(tid)
+    await wire.wait_terminal(tid)
+    # A worker that reported the cancel but ran on reports again when its sleep ends.
+    await asyncio.sleep(max(0.0, sleep_ends - time.monotonic()))
+    reports = wire.reports(tid)
     found.expect(
         [seen.type for seen in reports[:1]] == ["started"] and _cancelled(reports[1:]),
         f"a cancel during a run: expected started, then one failure TASK_CANCELLED and "

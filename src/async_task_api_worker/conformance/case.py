@@ -92,10 +92,15 @@ class Setup:
 
 @dataclass
 class Findings:
-    """What a case found: ``problems`` (none: it passed) and ``notes`` on what it saw."""
+    """What a case found: ``problems`` (none: it passed) and ``notes`` on what it saw.
+
+    ``unchecked``: the checks the case could not make here, each with why; a strict run fails
+    the case for them (``battery.strictly``), another notes them.
+    """
 
     problems: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    unchecked: list[str] = field(default_factory=list)
 
     def expect(self, holds: bool, problem: str) -> bool:
         """Record ``problem`` unless ``holds``; returns ``holds``."""

@@ -10,9 +10,13 @@ reads what arrives there. A quorum queue dead-letters at most once by default
 
 The policy outranks the platform's own (priority 999) and replaces it while it is in force: a
 queue follows one policy. It takes no effect when the queue was declared with an
-``x-dead-letter-exchange`` argument (an argument outranks any policy), so before anything
-else the kit rejects a canary of its own, taken from the input queue ahead of the worker (as
-``Wire.borrow`` does), until one arrives there: only then is the target known to be in place.
+``x-dead-letter-exchange`` argument (an argument outranks any policy): so the kit first reads
+that argument (as ``topology.queue_argument`` reads arguments) and, when the queue has one,
+binds its queue to that exchange instead, with the routing key the broker dead-letters with,
+for the block (the canaries, and the bodies the worker rejects then, also reach whatever the
+platform bound there). Before anything else the kit rejects a canary of its own, taken from
+the input queue ahead of the worker (as ``Wire.borrow`` does), until one arrives there: only
+then is the target known to be in place.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from aio_pika.exceptions import AMQPError
 
 from async_task_api_worker.conformance.admin import Admin, AdminError
 from async_task_api_worker.conformance.wire import BORROW_PRIORITY, Wire
+from async_task_api_worker.transports.rabbitmq.topology import queue_argument
 
 __all__ = ["DeadLetters", "dead_letter_target"]
 
@@ -44,11 +49,14 @@ class DeadLetters:
     Attributes:
         arrived: each body, with the reason the broker gave (``rejected`` for a reject).
         missing: why the target is not in place (empty: it is).
+        own: the input queue's own dead-letter exchange the kit's queue is bound to (empty:
+            the kit's policy is in force).
         stop: ends the kit's consumer of its queue, once it consumes.
     """
 
     arrived: dict[bytes, str | None] = field(default_factory=dict)
     missing: str = ""
+    own: str = ""
     stop: Callable[[], Awaitable[object]] | None = None
     _event: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -81,6 +89,7 @@ async def dead_letter_target(wire: Wire, admin: Admin, name: str) -> AsyncIterat
     the exchange and the queue are removed when the block ends, whatever happens.
     """
     letters = DeadLetters()
+    unbind: Callable[[], Awaitable[object]] | None = None
     channel = await wire.connection.channel()
     try:
         try:
@@ -93,14 +102,18 @@ async def dead_letter_target(wire: Wire, admin: Admin, name: str) -> AsyncIterat
             letters.stop = functools.partial(
                 queue.cancel, await queue.consume(letters.take, no_ack=True)
             )
-            await admin.dead_letter(wire.in_queue, name)
+            bound = await _bind_own(wire, queue)
+            if bound is None:
+                await admin.dead_letter(wire.in_queue, name)
+            else:
+                unbind = functools.partial(queue.unbind, *bound)
+                letters.own = bound[0]
             if not await _canary(wire, letters):
                 letters.missing = (
                     f"a message the kit rejected was not dead-lettered within "
-                    f"{wire.timeout_s:.0f} s: does {wire.in_queue!r} have its own "
-                    f"x-dead-letter-exchange argument?"
+                    f"{wire.timeout_s:.0f} s (to {letters.own or name!r})"
                 )
-        except (AdminError, AMQPError) as exc:
+        except (AdminError, AMQPError, LookupError) as exc:
             letters.missing = f"the dead-letter target could not be set up: {exc}"[:300]
         yield letters
     finally:
@@ -111,11 +124,35 @@ async def dead_letter_target(wire: Wire, admin: Admin, name: str) -> AsyncIterat
         with contextlib.suppress(AMQPError):
             if letters.stop is not None and not channel.is_closed:
                 await letters.stop()
+            if unbind is not None and not channel.is_closed:
+                await unbind()
             if channel.is_closed:  # a declaration refused closed it
                 channel = await wire.connection.channel()
             await channel.queue_delete(name)
             await channel.exchange_delete(name)
             await channel.close()
+
+
+async def _bind_own(wire: Wire, queue: aio_pika.abc.AbstractQueue) -> tuple[str, str] | None:
+    """Bind ``queue`` to the input queue's own dead-letter exchange; ``(exchange, key)``.
+
+    The key is the queue's ``x-dead-letter-routing-key``, else the one the kit publishes with
+    (the queue's name). ``None``: the queue has no such argument, or the broker did not tell.
+
+    Raises:
+        AMQPError: the exchange does not exist.
+    """
+    probe = "atw-conformance-probe"
+    try:
+        own = await queue_argument(wire.connection, wire.in_queue, "x-dead-letter-exchange", probe)
+    except LookupError:
+        return None
+    if not own:
+        return None
+    key = await queue_argument(wire.connection, wire.in_queue, "x-dead-letter-routing-key", probe)
+    binding = (str(own), str(key or wire.in_queue))
+    await queue.bind(*binding)
+    return binding
 
 
 async def _canary(wire: Wire, letters: DeadLetters) -> bool:

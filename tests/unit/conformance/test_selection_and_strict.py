@@ -11,6 +11,7 @@ from async_task_api_worker.cli.commands.conformance import case_names
 from async_task_api_worker.conformance.admin import hold_length
 from async_task_api_worker.conformance.battery import (
     STRICT_SKIP,
+    STRICT_UNCHECKED,
     Battery,
     Outcome,
     Verdict,
@@ -94,6 +95,16 @@ def test_strict_leaves_a_pass_or_a_failure_as_it_is(outcome: Outcome) -> None:
     assert strictly(verdict) is verdict
 
 
+def test_strict_makes_a_pass_with_a_check_not_made_a_failure_that_says_so() -> None:
+    unchecked = ("rejects: no rabbitmqctl",)
+    seen = ("4 bodies", "not checked: rejects: no rabbitmqctl")
+    verdict = Verdict("decoding", "poison", Outcome.PASS, seen, 1.0, unchecked=unchecked)
+    failed = strictly(verdict)
+    assert failed.outcome is Outcome.FAIL
+    assert failed.strict_skip
+    assert failed.seen == (STRICT_UNCHECKED + "rejects: no rabbitmqctl", "4 bodies")
+
+
 def test_the_table_and_junit_xml_say_a_strict_failure_was_a_skip() -> None:
     verdicts = [
         Verdict("round_trip", "a round trip", Outcome.PASS, ("t: started,success",), 0.5),
@@ -101,7 +112,9 @@ def test_the_table_and_junit_xml_say_a_strict_failure_was_a_skip() -> None:
     ]
     text = table(verdicts)
     assert "| acknowledgement | FAIL | 0.0 | skipped, a failure under --strict: needs" in text
-    assert text.endswith("1 passed, 1 failed (1 of them skipped, failed by --strict), 0 skipped")
+    assert text.endswith(
+        "1 passed, 1 failed (1 of them skipped or not checked, failed by --strict), 0 skipped"
+    )
     root = ET.fromstring(junit_xml(verdicts))  # noqa: S314 - our own output
     assert (root.get("failures"), root.get("skipped")) == ("1", "0")
     failure = next(c for c in root.iter("testcase") if c.get("name") == "acknowledgement")

@@ -23,7 +23,13 @@ from async_task_api_worker.protocol.cancel import (
     CONTROL_EXCHANGE_TYPE,
 )
 
-__all__ = ["declare_control_exchange", "declare_queue", "inequivalent_argument", "queue_type"]
+__all__ = [
+    "declare_control_exchange",
+    "declare_queue",
+    "inequivalent_argument",
+    "queue_argument",
+    "queue_type",
+]
 
 _logger = logging.getLogger("async_task_api_worker.transports.rabbitmq")
 
@@ -111,14 +117,32 @@ async def declare_control_exchange(channel: AbstractChannel, name: str) -> Abstr
 async def queue_type(connection: AbstractConnection, name: str) -> str:
     """The type of the existing queue ``name``: ``quorum``, ``classic``, ``stream``...
 
-    AMQP does not report a queue's type, but RabbitMQ compares the arguments of a repeated
-    declare with the queue's own and names the first that differs, with the queue's value. So
-    the queue is declared again with ``x-queue-type: quorum`` plus each argument it turns out to
-    have, on throwaway channels, until the broker either agrees (a quorum queue, whatever its
-    other arguments) or names ``x-queue-type`` itself (its current value is the type; none
-    means classic).
+    AMQP does not report a queue's type: it is read as :func:`queue_argument` reads any
+    argument (none means classic); ``unknown`` when the broker does not say.
     """
-    arguments: dict[str, Any] = {"x-queue-type": "quorum"}
+    try:
+        value = await queue_argument(connection, name, "x-queue-type", "quorum")
+    except LookupError:
+        return "unknown"
+    return str(value or "classic")
+
+
+async def queue_argument(
+    connection: AbstractConnection, name: str, argument: str, guess: Any
+) -> Any:
+    """The existing queue ``name``'s own value of ``argument``; ``None``: it has none.
+
+    AMQP does not report a queue's arguments, but RabbitMQ compares the arguments of a repeated
+    declare with the queue's own and names the first that differs, with the queue's value. So
+    the queue is declared again with ``argument: guess`` plus each argument it turns out to
+    have, on throwaway channels, until the broker either agrees (the queue's value is
+    ``guess``) or names ``argument`` itself.
+
+    Raises:
+        LookupError: the broker refused the declare for another reason, or named too many
+            arguments.
+    """
+    arguments: dict[str, Any] = {argument: guess}
     for _ in range(_MAX_ARGUMENTS):
         channel = await connection.channel()
         try:
@@ -126,17 +150,17 @@ async def queue_type(connection: AbstractConnection, name: str) -> str:
         except aiormq.exceptions.ChannelPreconditionFailed as exc:
             named = inequivalent_argument(str(exc))
             if named is None:
-                return "unknown"
-            argument, value = named
-            if argument == "x-queue-type":
-                return str(value or "classic")
+                raise LookupError(f"{name!r}: {exc}") from exc
+            other, value = named
+            if other == argument:
+                return value
             if value is None:
-                arguments.pop(argument, None)
+                arguments.pop(other, None)
             else:
-                arguments[argument] = value
+                arguments[other] = value
             continue
         finally:
             if not channel.is_closed:
                 await channel.close()
-        return "quorum"
-    return "unknown"
+        return guess
+    raise LookupError(f"{name!r}: more than {_MAX_ARGUMENTS} arguments differ")
