@@ -1215,6 +1215,17 @@ def _schema_verdicts(
     document["schema_valid_formats"] = formats
 
 
+def _schema_phrase(document: dict[str, Any]) -> str:
+    """The schema's two verdicts for the manifest's ``expect``: ``; schema: valid, with formats:
+    invalid``, or ``; schema: not JSON`` (the ``.json``'s ``schema_valid`` and
+    ``schema_valid_formats``)."""
+    plain, formats = document["schema_valid"], document["schema_valid_formats"]
+    if plain is None:
+        return "; schema: not JSON"
+    words = {True: "valid", False: "invalid"}
+    return f"; schema: {words[plain]}, with formats: {words[formats]}"
+
+
 def _envelope_files(number: int, case: EnvelopeCase) -> tuple[dict[str, bytes], dict[str, Any]]:
     limit = case.max_body_bytes or DEFAULT_MAX_BODY_BYTES
     document: dict[str, Any] = {"description": case.description}
@@ -1243,7 +1254,7 @@ def _envelope_files(number: int, case: EnvelopeCase) -> tuple[dict[str, bytes], 
             raise SystemExit(f"{case.slug}: decoded, expected poison {case.poison}")
         document["envelope"] = envelope.model_dump(mode="json")
         expect = "decodes to the recorded envelope"
-    entry = _entry("envelope", number, case, expect)
+    entry = _entry("envelope", number, case, expect + _schema_phrase(document))
     return {entry["json"]: dump_json(document), entry["bin"]: case.body}, entry
 
 
@@ -1271,7 +1282,7 @@ def _cancel_files(number: int, case: CancelCase) -> tuple[dict[str, bytes], dict
             expect = "encodes to the .bin and decodes to the recorded cancel"
         else:
             expect = "decodes to the recorded cancel"
-    entry = _entry("cancel", number, case, expect)
+    entry = _entry("cancel", number, case, expect + _schema_phrase(document))
     return {entry["json"]: dump_json(document), entry["bin"]: case.body}, entry
 
 

@@ -104,23 +104,38 @@ def test_every_rule_names_one_of_the_manifest_sections_and_says_something() -> N
     assert {entry.rule.section for entry in MANIFEST.vectors} == set(sections)
 
 
+def _schema_phrase(vector: dict[str, object]) -> str:
+    if vector["schema_valid"] is None:
+        return "; schema: not JSON"
+    words = {True: "valid", False: "invalid"}
+    return (
+        f"; schema: {words[bool(vector['schema_valid'])]}, "
+        f"with formats: {words[bool(vector['schema_valid_formats'])]}"
+    )
+
+
 def test_every_expectation_agrees_with_its_json() -> None:
     for entry in MANIFEST.vectors:
         vector = json.loads((ROOT / entry.json).read_text(encoding="utf-8"))
         if entry.kind == "report":
             assert entry.expect == f"{vector['report']['type']} report bytes", entry.id
-        elif entry.kind == "cancel":
+            continue
+        # An envelope's or a cancel's expectation ends with the schema's two verdicts.
+        expect, phrase = entry.expect, _schema_phrase(vector)
+        assert expect.endswith(phrase), entry.id
+        expect = expect.removesuffix(phrase)
+        if entry.kind == "cancel":
             if "refused" in vector:
-                assert entry.expect == f"refused {vector['refused']}", entry.id
+                assert expect == f"refused {vector['refused']}", entry.id
             elif vector["canonical"]:
-                assert entry.expect.startswith("encodes to the .bin and decodes"), entry.id
+                assert expect.startswith("encodes to the .bin and decodes"), entry.id
             else:
-                assert entry.expect == "decodes to the recorded cancel", entry.id
+                assert expect == "decodes to the recorded cancel", entry.id
         elif "poison" in vector:
-            assert entry.expect.startswith(f"poison {vector['poison']}, "), entry.id
-            assert ("no task id" in entry.expect) is (vector["task_id"] is None), entry.id
+            assert expect.startswith(f"poison {vector['poison']}, "), entry.id
+            assert ("no task id" in expect) is (vector["task_id"] is None), entry.id
         else:
-            assert entry.expect == "decodes to the recorded envelope", entry.id
+            assert expect == "decodes to the recorded envelope", entry.id
 
 
 def test_the_manifest_json_is_stable() -> None:
