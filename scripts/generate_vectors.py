@@ -1216,9 +1216,11 @@ def _schema_verdicts(
 
 
 def _schema_phrase(document: dict[str, Any]) -> str:
-    """The schema's two verdicts for the manifest's ``expect``: ``; schema: valid, with formats:
-    invalid``, or ``; schema: not JSON`` (the ``.json``'s ``schema_valid`` and
-    ``schema_valid_formats``)."""
+    """The schema's two verdicts, as the manifest's ``expect`` ends.
+
+    ``; schema: valid, with formats: invalid``, or ``; schema: not JSON`` (the ``.json``'s
+    ``schema_valid`` and ``schema_valid_formats``).
+    """
     plain, formats = document["schema_valid"], document["schema_valid_formats"]
     if plain is None:
         return "; schema: not JSON"
