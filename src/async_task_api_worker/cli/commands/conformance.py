@@ -13,6 +13,8 @@ error.
 from __future__ import annotations
 
 import asyncio
+import math
+import re
 import shutil
 import sys
 import urllib.parse
@@ -28,6 +30,7 @@ from async_task_api_worker.conformance.battery import (
     table,
 )
 from async_task_api_worker.conformance.cases import Setup
+from async_task_api_worker.protocol.envelope import SERVICE_PATTERN
 from async_task_api_worker.runtime.exit_codes import ExitCode, say_error
 from async_task_api_worker.settings import load_settings
 
@@ -53,6 +56,21 @@ def case_names(listed: str | None) -> tuple[str, ...]:
     return tuple(name.strip() for name in (listed or "").split(",") if name.strip())
 
 
+def _usage_error(
+    service: str, timeout_s: float, listed: tuple[tuple[str, str | None], ...]
+) -> str | None:
+    """The first usage error among the options (one line), or None."""
+    if not re.fullmatch(SERVICE_PATTERN, service):
+        return f"--service {service!r} does not match {SERVICE_PATTERN} (docs/protocol.md)"
+    if math.isnan(timeout_s) or timeout_s <= 0:
+        return "--timeout-s must be a positive number of seconds"
+    for option, value in listed:
+        # ``--only ,,`` would otherwise run every default case: the opposite of what was asked.
+        if value is not None and not case_names(value):
+            return f"{option} names no case (comma-separated case names)"
+    return None
+
+
 def conformance_command(
     *,
     service: str,
@@ -69,6 +87,10 @@ def conformance_command(
     ``only`` and ``opt_in``: comma-separated case names (``--only``, ``--with``); ``strict``:
     a skipped case fails the run.
     """
+    usage = _usage_error(service, timeout_s, (("--only", only), ("--with", opt_in)))
+    if usage is not None:
+        say_error(usage)
+        return ExitCode.CONFIG
     values = {"broker_url": broker_url} if broker_url else {}
     settings = load_settings(values)  # a bad variable raises ConfigError: exit 2, one line
     url = settings.broker_urls()[0]
