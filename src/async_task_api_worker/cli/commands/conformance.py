@@ -13,6 +13,7 @@ error.
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import re
 import shutil
@@ -54,6 +55,15 @@ def _admin(url: str, rabbitmqctl: str | None) -> tuple[Admin | None, str]:
 def case_names(listed: str | None) -> tuple[str, ...]:
     """The case names of a comma-separated option (``--only``, ``--with``), blanks dropped."""
     return tuple(name.strip() for name in (listed or "").split(",") if name.strip())
+
+
+def _quiet_broker_clients() -> None:
+    """Silence aiormq's and aio-pika's own log lines (tracebacks of a closed connection).
+
+    The kit says each such failure itself, in one line: a case fails or the run stops.
+    """
+    for name in ("aiormq", "aio_pika"):
+        logging.getLogger(name).setLevel(logging.CRITICAL)
 
 
 def _usage_error(
@@ -125,6 +135,7 @@ def conformance_command(
         f"run {battery.setup.run_id}{', strict' if strict else ''}",
         flush=True,
     )
+    _quiet_broker_clients()
     try:
         verdicts = asyncio.run(run_battery(battery))
     except (ConnectionError, LookupError) as exc:
