@@ -173,3 +173,21 @@ def test_the_command_refuses_a_service_outside_the_protocol_pattern(
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1
     assert SERVICE_PATTERN in err[0]
+
+
+def test_a_closed_port_is_one_line_and_the_client_loggers_are_left_as_they_were(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import logging
+
+    from async_task_api_worker.cli.main import main
+
+    before = [logging.getLogger(name).level for name in ("aiormq", "aio_pika")]
+    url = "amqp://guest:guest@127.0.0.1:1/"  # port 1: nothing listens there
+    assert main(["conformance", "--service", "svc", "--broker-url", url]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        "async-task-api-worker: cannot connect to the broker "
+        "(AMQPConnectionError: Connection refused)"
+    ]
+    assert [logging.getLogger(name).level for name in ("aiormq", "aio_pika")] == before

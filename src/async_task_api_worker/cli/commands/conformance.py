@@ -13,12 +13,14 @@ error.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import re
 import shutil
 import sys
 import urllib.parse
+from collections.abc import Iterator
 from pathlib import Path
 
 from async_task_api_worker.conformance.admin import Admin
@@ -57,13 +59,22 @@ def case_names(listed: str | None) -> tuple[str, ...]:
     return tuple(name.strip() for name in (listed or "").split(",") if name.strip())
 
 
-def _quiet_broker_clients() -> None:
+@contextlib.contextmanager
+def _quiet_broker_clients() -> Iterator[None]:
     """Silence aiormq's and aio-pika's own log lines (tracebacks of a closed connection).
 
-    The kit says each such failure itself, in one line: a case fails or the run stops.
+    The kit says each such failure itself, in one line: a case fails or the run stops. The
+    loggers' levels are restored after (the command may run inside another program).
     """
-    for name in ("aiormq", "aio_pika"):
-        logging.getLogger(name).setLevel(logging.CRITICAL)
+    loggers = [logging.getLogger(name) for name in ("aiormq", "aio_pika")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)
 
 
 def _usage_error(
@@ -135,9 +146,9 @@ def conformance_command(
         f"run {battery.setup.run_id}{', strict' if strict else ''}",
         flush=True,
     )
-    _quiet_broker_clients()
     try:
-        verdicts = asyncio.run(run_battery(battery))
+        with _quiet_broker_clients():
+            verdicts = asyncio.run(run_battery(battery))
     except (ConnectionError, LookupError) as exc:
         say_error(exc)
         return ExitCode.FAILURE
