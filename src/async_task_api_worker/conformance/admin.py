@@ -17,10 +17,11 @@ import asyncio
 import json
 import re
 import shlex
+import sys
 from dataclasses import dataclass
 from typing import Final
 
-__all__ = ["HOLD_POLICY", "Admin", "AdminError", "hold_length"]
+__all__ = ["HOLD_POLICY", "Admin", "AdminError", "hold_length", "release_at_end"]
 
 #: The name of the kit's temporary policy, the hold or the dead-letter target (one at a time,
 #: removed at the end of its case whatever happens): one ``release`` removes what a killed run
@@ -28,6 +29,10 @@ __all__ = ["HOLD_POLICY", "Admin", "AdminError", "hold_length"]
 HOLD_POLICY: Final = "atw-conformance-hold"
 #: Above any policy an operator sets: a queue takes the one policy of highest priority.
 _HOLD_PRIORITY: Final = 999
+#: How often, and how far apart in s, a case's end tries to remove the policy: a broker that
+#: restarts is down for a few seconds.
+_RELEASE_TRIES: Final = 5
+_RELEASE_PAUSE_S: Final = 1.0
 
 
 def hold_length(queue_type: str) -> int | None:
@@ -130,3 +135,29 @@ class Admin:
             if len(parts) >= 2 and parts[0] == self.vhost and parts[1].strip().isdigit():
                 unacked += int(parts[1])
         return unacked
+
+
+async def release_at_end(admin: Admin, *, was_set: bool) -> None:
+    """Remove the kit's policy at a case's end, trying again while the broker is down.
+
+    If every try fails, one line on stderr says the policy may be left and what removes it
+    (the next run does: ``run_battery`` releases first); the case's verdict stands.
+    ``was_set``: the case asked for its policy (else one silent try: a rabbitmqctl that never
+    worked is not retried nor reported at every case).
+    """
+    for attempt in range(_RELEASE_TRIES if was_set else 1):
+        try:
+            await admin.release()
+        except AdminError:
+            if attempt + 1 < _RELEASE_TRIES:
+                await asyncio.sleep(_RELEASE_PAUSE_S)
+        else:
+            return
+    if not was_set:
+        return
+    vhost = shlex.quote(admin.vhost)
+    print(
+        f"async-task-api-worker: the policy {HOLD_POLICY} may be left in vhost {admin.vhost!r}: "
+        f"the next run removes it (or rabbitmqctl clear_policy -p {vhost} {HOLD_POLICY})",
+        file=sys.stderr,
+    )

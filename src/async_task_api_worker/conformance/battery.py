@@ -21,6 +21,7 @@ from typing import Final
 
 from async_task_api_worker.conformance.admin import AdminError
 from async_task_api_worker.conformance.cases import CASES, OPT_IN, Case, Findings, Setup, Skip
+from async_task_api_worker.conformance.dead_letters import remove_leftovers
 from async_task_api_worker.conformance.wire import Wire
 
 __all__ = [
@@ -185,6 +186,7 @@ async def run_battery(battery: Battery) -> list[Verdict]:
     wire = await Wire.open(battery.url, battery.in_queue, battery.out_queue, battery.timeout_s)
     verdicts: list[Verdict] = []
     async with wire:
+        await remove_leftovers(wire)
         why: str | None = None
         for case in cases:
             why = why or await wire.worker_gone()

@@ -17,6 +17,9 @@ for the block (the canaries, and the bodies the worker rejects then, also reach 
 platform bound there). Before anything else the kit rejects a canary of its own, taken from
 the input queue ahead of the worker (as ``Wire.borrow`` does), until one arrives there: only
 then is the target known to be in place.
+
+The exchange and the queue have one fixed name, :data:`DEAD_LETTERS` (as the policy has), so
+that the start of every run removes what a killed run left (:func:`remove_leftovers`).
 """
 
 from __future__ import annotations
@@ -33,12 +36,14 @@ import aio_pika
 from aio_pika.abc import AbstractIncomingMessage
 from aio_pika.exceptions import AMQPError
 
-from async_task_api_worker.conformance.admin import Admin, AdminError
+from async_task_api_worker.conformance.admin import Admin, AdminError, release_at_end
 from async_task_api_worker.conformance.wire import BORROW_PRIORITY, Wire
 from async_task_api_worker.transports.rabbitmq.topology import queue_argument
 
-__all__ = ["DeadLetters", "dead_letter_target"]
+__all__ = ["DEAD_LETTERS", "DeadLetters", "dead_letter_target", "remove_leftovers"]
 
+#: The name of the kit's dead-letter exchange and of its queue, in every run.
+DEAD_LETTERS: Final = "atw-conformance-dead"
 _CANARY_ID: Final = "conformance-kit-canary"
 
 
@@ -81,15 +86,18 @@ class DeadLetters:
 
 
 @contextlib.asynccontextmanager
-async def dead_letter_target(wire: Wire, admin: Admin, name: str) -> AsyncIterator[DeadLetters]:
+async def dead_letter_target(wire: Wire, admin: Admin) -> AsyncIterator[DeadLetters]:
     """The kit's dead-letter target on ``wire``'s input queue, for the ``async with`` block.
 
-    ``name`` names the kit's exchange and queue (one run's). When the target could not be put
-    in place, :attr:`DeadLetters.missing` says why and the block runs all the same. The policy,
-    the exchange and the queue are removed when the block ends, whatever happens.
+    The kit's exchange and queue are named :data:`DEAD_LETTERS`. When the target could not be
+    put in place, :attr:`DeadLetters.missing` says why and the block runs all the same. The
+    policy, the exchange and the queue are removed when the block ends, whatever happens (the
+    policy as :func:`~async_task_api_worker.conformance.admin.release_at_end` does).
     """
+    name = DEAD_LETTERS
     letters = DeadLetters()
     unbind: Callable[[], Awaitable[object]] | None = None
+    asked = False  # for the policy
     channel = await wire.connection.channel()
     try:
         try:
@@ -104,6 +112,7 @@ async def dead_letter_target(wire: Wire, admin: Admin, name: str) -> AsyncIterat
             )
             bound = await _bind_own(wire, queue)
             if bound is None:
+                asked = True
                 await admin.dead_letter(wire.in_queue, name)
             else:
                 unbind = functools.partial(queue.unbind, *bound)
@@ -117,8 +126,7 @@ async def dead_letter_target(wire: Wire, admin: Admin, name: str) -> AsyncIterat
             letters.missing = f"the dead-letter target could not be set up: {exc}"[:300]
         yield letters
     finally:
-        with contextlib.suppress(AdminError):
-            await admin.release()
+        await release_at_end(admin, was_set=asked)
         # The exclusive queue would live as long as the kit's connection: deleted now, its
         # consumer first (the broker would cancel it, and the client say so on stderr).
         with contextlib.suppress(AMQPError):
@@ -131,6 +139,23 @@ async def dead_letter_target(wire: Wire, admin: Admin, name: str) -> AsyncIterat
             await channel.queue_delete(name)
             await channel.exchange_delete(name)
             await channel.close()
+
+
+async def remove_leftovers(wire: Wire) -> None:
+    """Delete the kit's dead-letter queue and exchange, if a killed run left them.
+
+    The queue is exclusive, so the broker dropped it with the killed kit's connection; the
+    exchange stays until deleted. Neither is in use between cases: a failure is ignored (the
+    case that needs the target says what it could not set up).
+    """
+    with contextlib.suppress(AMQPError):
+        channel = await wire.connection.channel()
+        try:
+            await channel.queue_delete(DEAD_LETTERS)
+            await channel.exchange_delete(DEAD_LETTERS)
+        finally:
+            if not channel.is_closed:
+                await channel.close()
 
 
 async def _bind_own(wire: Wire, queue: aio_pika.abc.AbstractQueue) -> tuple[str, str] | None:

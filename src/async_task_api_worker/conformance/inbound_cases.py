@@ -135,8 +135,7 @@ async def _dead_letter_target(
     if setup.admin is None:
         found.unchecked.append(f"rejects: {setup.admin_missing}")
         return None
-    name = f"atw-conformance-dead-{setup.run_id}"
-    letters = await stack.enter_async_context(dead_letter_target(wire, setup.admin, name))
+    letters = await stack.enter_async_context(dead_letter_target(wire, setup.admin))
     if letters.missing:
         found.unchecked.append(f"rejects: {letters.missing}")
         return None

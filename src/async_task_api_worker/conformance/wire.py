@@ -43,6 +43,12 @@ from aio_pika.abc import (
 from aio_pika.exceptions import AMQPError
 
 from async_task_api_worker.conformance.report_rules import ReportRules, Seen, read_json
+from async_task_api_worker.observability.redaction import redact_url
+from async_task_api_worker.transports.rabbitmq.failures import (
+    connect_failure,
+    is_refusal,
+    refused,
+)
 from async_task_api_worker.transports.rabbitmq.topology import queue_type
 
 __all__ = ["BORROW_PRIORITY", "Seen", "Wire"]
@@ -97,14 +103,17 @@ class Wire:
         """Connect, check that both queues exist and that a worker consumes the input queue.
 
         Raises:
-            ConnectionError: the broker cannot be reached or refused the credentials.
+            ConnectionError: the broker cannot be reached, or refused the credentials or the
+                vhost (the SDK's words for a refusal, ``transports.rabbitmq.failures.refused``).
             LookupError: within ``timeout_s``, a queue did not come to exist, or nothing came
                 to consume the input queue.
         """
         try:
             connection = await asyncio.wait_for(aio_pika.connect(url), timeout_s)
         except Exception as exc:
-            raise ConnectionError(f"cannot connect to the broker ({type(exc).__name__})") from exc
+            if is_refusal(exc):
+                raise ConnectionError(str(refused(exc, redact_url(url)))) from exc
+            raise ConnectionError(f"cannot connect to the broker ({connect_failure(exc)})") from exc
         wire = cls(connection, in_queue, out_queue, timeout_s)
         try:
             await wire._start()

@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from async_task_api_worker.conformance.admin import HOLD_POLICY, Admin, AdminError
+from async_task_api_worker.conformance import admin as admin_module
+from async_task_api_worker.conformance.admin import HOLD_POLICY, Admin, AdminError, release_at_end
 from async_task_api_worker.conformance.battery import (
     Battery,
     Outcome,
@@ -306,3 +307,51 @@ def test_the_command_says_in_one_line_that_the_broker_is_unreachable(
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1
     assert "cannot connect to the broker" in err[0]
+
+
+def _down_once_rabbitmqctl(tmp_path: Path) -> str:
+    """A fake rabbitmqctl that fails its first call (a node restarting), then succeeds."""
+    script = tmp_path / "rabbitmqctl-down-once"
+    up = tmp_path / "up"
+    script.write_text(
+        f'#!/bin/sh\necho "$@" >> {tmp_path / "calls"}\n'
+        f"if [ -e {up} ]; then exit 0; fi\ntouch {up}\necho 'Error: nodedown' >&2\nexit 69\n"
+    )
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    return str(script)
+
+
+async def test_the_release_at_a_cases_end_tries_again_while_the_broker_is_down(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(admin_module, "_RELEASE_PAUSE_S", 0.0)
+    await release_at_end(Admin(_down_once_rabbitmqctl(tmp_path), "v1"), was_set=True)
+    assert (tmp_path / "calls").read_text().splitlines() == [
+        f"clear_policy -p v1 {HOLD_POLICY}"
+    ] * 2
+    assert capsys.readouterr().err == ""
+
+
+async def test_a_release_that_keeps_failing_says_in_one_line_what_may_be_left(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(admin_module, "_RELEASE_PAUSE_S", 0.0)
+    failing = _fake_rabbitmqctl(tmp_path, "Error: nodedown", code=69)
+    await release_at_end(Admin(failing, "v 1"), was_set=True)
+    calls = (tmp_path / "calls").read_text().splitlines()
+    assert len(calls) == admin_module._RELEASE_TRIES
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1
+    assert f"the policy {HOLD_POLICY} may be left in vhost 'v 1'" in err[0]
+    assert "the next run removes it" in err[0]
+    assert f"rabbitmqctl clear_policy -p 'v 1' {HOLD_POLICY}" in err[0]
+
+
+async def test_a_release_with_no_policy_asked_for_tries_once_and_says_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    await release_at_end(
+        Admin(_fake_rabbitmqctl(tmp_path, "Error: nodedown", code=69), "v1"), was_set=False
+    )
+    assert len((tmp_path / "calls").read_text().splitlines()) == 1
+    assert capsys.readouterr().err == ""

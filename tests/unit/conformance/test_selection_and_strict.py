@@ -137,3 +137,57 @@ def test_the_hold_takes_one_message_whatever_the_queue_type(
 ) -> None:
     """A classic queue refuses at its limit, a quorum one only once over it."""
     assert hold_length(queue_type) == max_length
+
+
+@pytest.mark.parametrize(
+    ("arguments", "said"),
+    [
+        (["--timeout-s", "0"], "--timeout-s must be a positive number"),
+        (["--timeout-s", "-1"], "--timeout-s must be a positive number"),
+        (["--timeout-s", "nan"], "--timeout-s must be a positive number"),
+        (["--only", ",,"], "--only names no case"),
+        (["--with", ""], "--with names no case"),
+    ],
+)
+def test_the_command_refuses_a_bad_option_with_exit_2_and_one_line(
+    arguments: list[str], said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from async_task_api_worker.cli.main import main
+
+    assert main(["conformance", "--service", "svc", *arguments]) == 2
+    captured = capsys.readouterr()
+    err = captured.err.strip().splitlines()
+    assert len(err) == 1
+    assert said in err[0]
+    assert captured.out == ""
+
+
+@pytest.mark.parametrize("service", ["", "_svc", "a b", "x" * 65])
+def test_the_command_refuses_a_service_outside_the_protocol_pattern(
+    service: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from async_task_api_worker.cli.main import main
+    from async_task_api_worker.protocol.envelope import SERVICE_PATTERN
+
+    assert main(["conformance", "--service", service]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1
+    assert SERVICE_PATTERN in err[0]
+
+
+def test_a_closed_port_is_one_line_and_the_client_loggers_are_left_as_they_were(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import logging
+
+    from async_task_api_worker.cli.main import main
+
+    before = [logging.getLogger(name).level for name in ("aiormq", "aio_pika")]
+    url = "amqp://guest:guest@127.0.0.1:1/"  # port 1: nothing listens there
+    assert main(["conformance", "--service", "svc", "--broker-url", url]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        "async-task-api-worker: cannot connect to the broker "
+        "(AMQPConnectionError: Connection refused)"
+    ]
+    assert [logging.getLogger(name).level for name in ("aiormq", "aio_pika")] == before

@@ -13,9 +13,14 @@ error.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
+import math
+import re
 import shutil
 import sys
 import urllib.parse
+from collections.abc import Iterator
 from pathlib import Path
 
 from async_task_api_worker.conformance.admin import Admin
@@ -28,6 +33,7 @@ from async_task_api_worker.conformance.battery import (
     table,
 )
 from async_task_api_worker.conformance.cases import Setup
+from async_task_api_worker.protocol.envelope import SERVICE_PATTERN
 from async_task_api_worker.runtime.exit_codes import ExitCode, say_error
 from async_task_api_worker.settings import load_settings
 
@@ -53,6 +59,39 @@ def case_names(listed: str | None) -> tuple[str, ...]:
     return tuple(name.strip() for name in (listed or "").split(",") if name.strip())
 
 
+@contextlib.contextmanager
+def _quiet_broker_clients() -> Iterator[None]:
+    """Silence aiormq's and aio-pika's own log lines (tracebacks of a closed connection).
+
+    The kit says each such failure itself, in one line: a case fails or the run stops. The
+    loggers' levels are restored after (the command may run inside another program).
+    """
+    loggers = [logging.getLogger(name) for name in ("aiormq", "aio_pika")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)
+
+
+def _usage_error(
+    service: str, timeout_s: float, listed: tuple[tuple[str, str | None], ...]
+) -> str | None:
+    """The first usage error among the options (one line), or None."""
+    if not re.fullmatch(SERVICE_PATTERN, service):
+        return f"--service {service!r} does not match {SERVICE_PATTERN} (docs/protocol.md)"
+    if math.isnan(timeout_s) or timeout_s <= 0:
+        return "--timeout-s must be a positive number of seconds"
+    for option, value in listed:
+        # ``--only ,,`` would otherwise run every default case: the opposite of what was asked.
+        if value is not None and not case_names(value):
+            return f"{option} names no case (comma-separated case names)"
+    return None
+
+
 def conformance_command(
     *,
     service: str,
@@ -69,6 +108,10 @@ def conformance_command(
     ``only`` and ``opt_in``: comma-separated case names (``--only``, ``--with``); ``strict``:
     a skipped case fails the run.
     """
+    usage = _usage_error(service, timeout_s, (("--only", only), ("--with", opt_in)))
+    if usage is not None:
+        say_error(usage)
+        return ExitCode.CONFIG
     values = {"broker_url": broker_url} if broker_url else {}
     settings = load_settings(values)  # a bad variable raises ConfigError: exit 2, one line
     url = settings.broker_urls()[0]
@@ -104,7 +147,8 @@ def conformance_command(
         flush=True,
     )
     try:
-        verdicts = asyncio.run(run_battery(battery))
+        with _quiet_broker_clients():
+            verdicts = asyncio.run(run_battery(battery))
     except (ConnectionError, LookupError) as exc:
         say_error(exc)
         return ExitCode.FAILURE
