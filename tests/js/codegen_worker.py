@@ -2,7 +2,8 @@
 
 Its input model is named ``Envelope`` (the protocol's envelope) and its output ``Output``
 (Modelina's name for the union of the output channel's reports); they hold a nested model, a
-tuple, a discriminated union and an integer literal (a ``const`` that is not a string).
+tuple, a discriminated union and an integer literal (a ``const`` that is not a string). The
+nested models are the AsyncAPI unit tests' own.
 """
 
 from __future__ import annotations
@@ -12,20 +13,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from async_task_api_worker import TaskContext, Worker
-
-
-class Item(BaseModel):
-    """A nested model."""
-
-    name: str
-
-
-class Cat(BaseModel):
-    kind: Literal["cat"] = "cat"
-
-
-class Dog(BaseModel):
-    kind: Literal["dog"] = "dog"
+from tests.unit.asyncapi.asyncapi_workers import Cat, Dog, Item
 
 
 class Envelope(BaseModel):

@@ -9,12 +9,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from async_task_api_worker.conformance.case import CLIENT_ID, envelope, per_attempt
+from async_task_api_worker.conformance.case import envelope, per_attempt
 from async_task_api_worker.conformance.report_cases import LONG_MESSAGE, cut_problem
 from async_task_api_worker.conformance.report_rules import Float, ReportRules, Seen, read_json
 from async_task_api_worker.protocol import MAX_ERROR_MESSAGE_CHARS
 from async_task_api_worker.protocol.encoding import canonical_dumps
-from tests.unit.conformance.kit_setup import SETUP
+from tests.unit.conformance.kit_setup import SETUP, report
 from tests.unit.protocol.protocol_strategies import json_values, texts, valid_texts
 
 FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -82,22 +82,8 @@ def test_a_body_that_is_not_a_strict_json_object_reads_as_none(body: bytes) -> N
 TID = "cf-r1-case-1"
 
 
-def _report(
-    kind: str = "started", *, seq: int = 0, at: str = "2026-11-29T22:48:46.000001Z", **fields: Any
-) -> Seen:
-    document: dict[str, Any] = {
-        "protocol_version": 1,
-        "type": kind,
-        "task_id": TID,
-        "client_id": CLIENT_ID,
-        "service": "conformance",
-        "attempt": 1,
-        "timestamp": at,
-    }
-    document.update(fields)
-    body = canonical_dumps(document)
-    message_id = f"{document['task_id']}/{document['attempt']}/{seq}"
-    return Seen(body, read_json(body), {"message_id": message_id}, 0.0)
+def _report(kind: str = "started", **fields: Any) -> Seen:
+    return report(kind, task_id=TID, **fields)
 
 
 def _raw(text: bytes, seq: int = 0) -> Seen:

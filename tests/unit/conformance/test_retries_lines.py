@@ -4,28 +4,16 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-from async_task_api_worker.conformance.case import CLIENT_ID, SHOWN, capped, kinds
-from async_task_api_worker.conformance.report_rules import Seen, read_json
+from async_task_api_worker.conformance.case import SHOWN, capped, kinds
+from async_task_api_worker.conformance.report_rules import Seen
 from async_task_api_worker.conformance.settle_cases import deliveries, never_grew
-from async_task_api_worker.protocol.encoding import canonical_dumps
+from tests.unit.conformance.kit_setup import report
 
 TID = "cf-r1-retries-3"
 
 
 def _report(kind: str = "started", *, seq: int = 0, attempt: int = 1) -> Seen:
-    document: dict[str, Any] = {
-        "protocol_version": 1,
-        "type": kind,
-        "task_id": TID,
-        "client_id": CLIENT_ID,
-        "service": "conformance",
-        "attempt": attempt,
-        "timestamp": "2026-11-29T22:48:46.000001Z",
-    }
-    body = canonical_dumps(document)
-    return Seen(body, read_json(body), {"message_id": f"{TID}/{attempt}/{seq}"}, 0.0)
+    return report(kind, task_id=TID, seq=seq, attempt=attempt)
 
 
 # ------------------------------------------------------------------------------- lists
