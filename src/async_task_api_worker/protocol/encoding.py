@@ -256,11 +256,10 @@ def strict_loads(text: str, *, float_type: Callable[[float], float] = float) -> 
         ValueError: an integer over 4,300 digits (``sys.get_int_max_str_digits()``).
         RecursionError: nesting beyond the interpreter's recursion limit.
     """
-    if float_type is float:
-        return json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
-    return json.loads(
-        text, parse_constant=_reject_constant, parse_float=lambda s: float_type(_finite_float(s))
+    parse_float: Callable[[str], float] = (
+        _finite_float if float_type is float else lambda s: float_type(_finite_float(s))
     )
+    return json.loads(text, parse_constant=_reject_constant, parse_float=parse_float)
 
 
 def nesting_depth(value: Any) -> int:
