@@ -66,6 +66,7 @@ def finished(sfn: Any, execution_arn: str, timeout_s: float) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Set up, run the executions, print their outcomes; 0 when all succeeded, else 1."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--endpoint-url", default="http://127.0.0.1:5000", help="moto's server")
     parser.add_argument("--timeout-s", type=float, default=60.0, help="per execution")
