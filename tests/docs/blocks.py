@@ -13,7 +13,6 @@ follows an HTML comment, so that the page cannot drift from what the tests run:
 from __future__ import annotations
 
 import re
-import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -87,10 +86,6 @@ def run_block(page: str, name: str) -> Block:
     """The ``run: name`` block of ``page``."""
     (block,) = [block for block in blocks(page) if block.kind == "run" and block.argument == name]
     return block
-
-
-def words(command: str) -> list[str]:
-    return shlex.split(command)
 
 
 def normalised(lines: list[str]) -> list[str]:
