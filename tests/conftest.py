@@ -46,6 +46,8 @@ XDIST_GROUPS = {
     "tests/integration/test_rabbitmq_nodes.py": "rabbitmq-nodes",
     # One npm ci (a session fixture) for all of them, not one per worker.
     "tests/js/": "js-tools",
+    # One build of the site for the strict check and the browser's pages.
+    "tests/docs/test_site.py": "docs-site",
 }
 
 

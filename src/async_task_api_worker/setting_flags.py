@@ -1,4 +1,4 @@
-"""The command-line flags that set a setting: one table for the parser, the errors and the README.
+"""The command-line flags that set a setting: one table for the parser, the errors and the docs.
 
 A flag wins over its environment variable (``async_task_api_worker.settings``, which
 re-exports these names); ``run --processes N`` hands the flags it was given on to its worker
@@ -38,7 +38,7 @@ class SettingFlag:
 #: The settings people change by hand, as flags of ``run``, ``dev``, ``check`` and ``tick``,
 #: each on the commands where it means something (``dev`` and ``tick`` serve no probes and run
 #: one process; ``tick`` takes one delivery at a time). The one table: the parser adds these, an
-#: error names the flag with its variable, the README's settings table has them.
+#: error names the flag with its variable, docs/settings.md's table has them.
 SETTING_FLAGS: Final = (
     SettingFlag(
         "--processes",

@@ -1,7 +1,7 @@
 """The worker's settings, read from environment variables by pydantic-settings.
 
 Every duration is a float in seconds (names end in ``_s``), every size an int in bytes (``_bytes``).
-The README's settings table lists them all; this module is its source. Where a value comes
+docs/settings.md's table lists them all; this module is its source. Where a value comes
 from, first to last: a command-line flag (:data:`SETTING_FLAGS`), the environment, a ``.env``
 file in the current directory, the default.
 """

@@ -1,4 +1,8 @@
-"""The README's quickstart commands produce the output the README shows."""
+"""The quickstart's commands produce the output they show.
+
+The recipe is docs/getting-started.md's "Try the example, from a clone"; the README shows its
+first command (``dev``) as one of its two set-up commands, the same block.
+"""
 
 from __future__ import annotations
 
@@ -26,12 +30,23 @@ TIMESTAMP = re.compile(r'"timestamp":"[^"]+"')
 UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 
 
+GETTING_STARTED = REPO / "docs" / "getting-started.md"
+
+
+def section_blocks(text: str) -> list[str]:
+    """The text of each console block of ``text``."""
+    return re.findall(r"```console\n(.*?)```", text, flags=re.S)
+
+
+def quickstart_section() -> str:
+    text = GETTING_STARTED.read_text()
+    return text[text.index("## Try the example, from a clone") : text.index("## Where next")]
+
+
 def console_blocks() -> list[list[tuple[str, list[str]]]]:
-    """The Quickstart's console blocks: each a list of ``(command line, shown output lines)``."""
-    text = (REPO / "README.md").read_text()
-    section = text[text.index("## Quickstart") : text.index("## Install")]
+    """The quickstart's console blocks: each a list of ``(command line, shown output lines)``."""
     blocks: list[list[tuple[str, list[str]]]] = []
-    for block in re.findall(r"```console\n(.*?)```", section, flags=re.S):
+    for block in section_blocks(quickstart_section()):
         steps: list[tuple[str, list[str]]] = []
         for line in block.splitlines():
             if line.startswith("$ "):
@@ -74,6 +89,12 @@ def test_the_quickstart_has_the_three_commands() -> None:
     assert [arguments[0] for arguments, _ in quickstart()] == ["dev", "run", "submit"]
 
 
+def test_the_readme_shows_the_quickstart_dev_block() -> None:
+    text = (REPO / "README.md").read_text()
+    readme = section_blocks(text[text.index("## Quickstart") : text.index("## Development")])
+    assert readme == section_blocks(quickstart_section())[:1]
+
+
 def test_dev_prints_what_the_readme_shows(queues: Queues) -> None:
     (arguments, shown), *_ = quickstart()
     done = cli(*arguments, env=queues.env())
@@ -103,7 +124,7 @@ def recipe_vhost(broker: None) -> Iterator[str]:
 def test_the_quorum_vhost_recipe_as_written_ends_in_a_worker_at_attempt_1_of_5(
     recipe_vhost: str, start_worker: Any
 ) -> None:
-    """Each command of the README's recipe runs as written, ``work`` replaced by a unique vhost
+    """Each command of the quickstart's recipe runs as written, ``work`` replaced by a unique vhost
     (and, on a broker other than the machine's, the URL by that broker's)."""
     *grants, export, run = vhost_recipe()
     env = Queues(recipe_vhost).env()

@@ -142,3 +142,41 @@ def test_the_deployment_probes_and_grace_period_follow_the_settings() -> None:
 def test_the_deployment_guide_shows_the_deployment_file() -> None:
     guide = (ROOT / "docs" / "deployment.md").read_text()
     assert f"```yaml\n{DEPLOYMENT.read_text()}```" in guide
+
+
+SCALED_OBJECT = DEPLOY / "kubernetes" / "scaledobject.yaml"
+
+
+def test_the_scaled_object_scales_the_deployment_on_its_input_queue_length() -> None:
+    authentication, scaled = yaml.safe_load_all(SCALED_OBJECT.read_text())
+    deployment = yaml.safe_load(DEPLOYMENT.read_text())
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    env = {item["name"]: item for item in container["env"]}
+    assert (authentication["kind"], scaled["kind"]) == ("TriggerAuthentication", "ScaledObject")
+    assert {a["apiVersion"] for a in (authentication, scaled)} == {"keda.sh/v1alpha1"}
+    assert scaled["spec"]["scaleTargetRef"]["name"] == deployment["metadata"]["name"]
+    (trigger,) = scaled["spec"]["triggers"]
+    assert trigger["type"] == "rabbitmq"
+    assert trigger["metadata"]["queueName"] == env["IN_QUEUE_NAME"]["value"]
+    assert trigger["metadata"]["mode"] == "QueueLength"
+    assert int(trigger["metadata"]["value"]) >= int(env["WORKER_CONCURRENCY"]["value"])
+    assert trigger["authenticationRef"]["name"] == authentication["metadata"]["name"]
+    # The trigger's connection string is the worker's own BROKER_URL, from the same secret.
+    (secret,) = authentication["spec"]["secretTargetRef"]
+    assert secret["parameter"] == "host"
+    assert {"name": secret["name"], "key": secret["key"]} == env["BROKER_URL"]["valueFrom"][
+        "secretKeyRef"
+    ]
+    assert 1 <= scaled["spec"]["minReplicaCount"] <= scaled["spec"]["maxReplicaCount"]
+
+
+def test_the_operations_page_lists_every_panel_and_alert_and_shows_the_scaled_object() -> None:
+    page = (ROOT / "docs" / "operations.md").read_text()
+    dashboard = json.loads(DASHBOARD.read_text())
+    assert [panel["title"] for panel in dashboard["panels"]] == re.findall(
+        r"^\| ([^|`]+?) \| `", page[page.index("## The dashboard") :], flags=re.M
+    )[: len(dashboard["panels"])]
+    rules = yaml.safe_load(ALERTS.read_text())
+    alerts = [rule["alert"] for group in rules["groups"] for rule in group["rules"]]
+    assert alerts == re.findall(r"^\| `(Worker\w+)` \|", page, flags=re.M)
+    assert '--8<-- "deploy/kubernetes/scaledobject.yaml"' in page

@@ -2,7 +2,8 @@
 
 uvloop runs the same code with less CPU per callback and per socket write; on the throughput
 benchmark it is the largest single gain (docs/benchmarks.md). It is an optional extra
-(``async-task-api-worker[uvloop]``, README "Install"), so ``auto`` falls back to asyncio.
+(``async-task-api-worker[uvloop]``, docs/getting-started.md, "Install"), so ``auto`` falls
+back to asyncio.
 """
 
 from __future__ import annotations

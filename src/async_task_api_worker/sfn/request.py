@@ -8,8 +8,8 @@ from pydantic import BaseModel, ConfigDict, StringConstraints
 
 __all__ = ["ErrorOutput", "NonEmptyStr", "WorkerRequest"]
 
-#: A string with at least one character once surrounding whitespace is stripped.
 NonEmptyStr = Annotated[str, StringConstraints(min_length=1, strip_whitespace=True)]
+"""A string with at least one character once surrounding whitespace is stripped."""
 
 
 class WorkerRequest(BaseModel):

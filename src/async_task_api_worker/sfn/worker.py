@@ -93,7 +93,8 @@ class Worker(Generic[RequestT]):
         exception_levels: the consumer's exceptions (and, optionally, the framework's) with
             the level each is logged at. A subprocess's error name is looked up among the
             consumer's ones only.
-        sqs_client, stepfunctions_client: boto3 clients; default: made from the environment.
+        sqs_client: a boto3 SQS client; default: made from the environment.
+        stepfunctions_client: a boto3 Step Functions client; default: made from the environment.
         protection: the ECS task protection client; default: from ``$ECS_AGENT_URI``.
         poll_wait_seconds: the SQS long poll, 0 to 20 (how long a SIGTERM may wait when idle).
         python: the interpreter that runs the subprocesses.

@@ -1,6 +1,6 @@
 """Test a worker without a broker: the real engine on an in-memory transport.
 
-See the README's "Testing your worker".
+See docs/testing.md, "Testing your worker".
 """
 
 from async_task_api_worker.testing.context import (

@@ -5,7 +5,7 @@ Reads ``BROKER_URL``, ``IN_QUEUE_NAME`` and ``OUT_QUEUE_NAME`` as the worker doe
 checked before anything is published: its input must be a JSON object and its envelope one the
 worker accepts, else the command exits 2 naming the line. All the tasks share one
 :class:`~async_task_api_worker.client.TaskClient`, hence one consumer of the output queue: a
-report of one task is never given back for another (README, "Submitting tasks"). Each report is
+report of one task is never given back for another (docs/clients.md). Each report is
 printed as it arrives, a task's reports in their order. Exits 0 when every task succeeded, 1
 when any failed (or had no terminal report within ``--timeout-s``, or the broker was
 unreachable), 2 for a usage error or a broker refusing the credentials or the vhost, 130 when
