@@ -15,7 +15,18 @@ from async_task_api_worker._version import __version__
 
 #: ``context``, ``propagate``, ``trace`` and ``Getter`` are OpenTelemetry's own, for the
 #: package's other modules; they exist only when :data:`ENABLED`.
-__all__ = ["ENABLED", "Getter", "context", "failed", "live", "propagate", "trace", "tracer"]
+__all__ = [
+    "ENABLED",
+    "HEADER_LOGGERS",
+    "Getter",
+    "OncePerKind",
+    "context",
+    "failed",
+    "live",
+    "propagate",
+    "trace",
+    "tracer",
+]
 
 _logger = logging.getLogger("async_task_api_worker.tracing")
 
@@ -32,6 +43,37 @@ except Exception as exc:  # e.g. OTEL_PROPAGATORS names one not installed (Value
     _BROKEN.append(f"{type(exc).__name__}: {exc}")
 else:
     ENABLED = True  # type: ignore[misc]  # set once, by the import above
+
+#: The loggers of OpenTelemetry's W3C propagator and of its ``TraceState``: each warns about a
+#: bad incoming header (too long, a malformed ``tracestate`` member...) every time it reads one.
+HEADER_LOGGERS: Final = ("opentelemetry.trace.propagation.tracecontext", "opentelemetry.trace.span")
+
+
+class OncePerKind(logging.Filter):
+    """Lets through the first record of each kind, a kind being its logger and message format.
+
+    A producer that sends a 10 KB ``traceparent`` sends it with every task: the API's warning
+    about it is said once, not once per delivery (the API itself says it every time). Costs
+    nothing until a record comes; then a set lookup.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._seen: set[tuple[str, object]] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """Whether ``record`` is the first of its kind (said with a note that it is once)."""
+        kind = (record.name, record.msg)
+        if kind in self._seen:
+            return False
+        self._seen.add(kind)
+        record.msg = f"{record.msg} (a bad trace header; said once, later ones are not logged)"
+        return True
+
+
+if ENABLED:
+    for _name in HEADER_LOGGERS:
+        logging.getLogger(_name).addFilter(OncePerKind())
 
 #: What failed in OpenTelemetry already, said once each (a failure is never the task's).
 _SAID: set[str] = set()

@@ -1,7 +1,11 @@
 """The worker's spans: ``process`` per delivery, ``send`` per report, the settle's.
 
 Each is skipped altogether (a constant no-op context manager) until the application sets a
-tracer provider (:func:`~async_task_api_worker.observability.tracing.api.live`).
+tracer provider (:func:`~async_task_api_worker.observability.tracing.api.live`). Without one,
+a delivery that carries a ``traceparent`` still passes its context on, as OpenTelemetry's API
+does for a library with no SDK behind it: the context is current while the delivery is
+processed (the task's log lines and child processes carry it), and each report's headers carry
+it unchanged, so the producer's trace reaches the reports' consumer.
 """
 
 from __future__ import annotations
@@ -13,8 +17,8 @@ from types import MappingProxyType
 from typing import Any, Final, Protocol
 
 from async_task_api_worker.observability.tracing import api
-from async_task_api_worker.observability.tracing.api import failed, tracer
-from async_task_api_worker.observability.tracing.carriers import HEADER_GETTER
+from async_task_api_worker.observability.tracing.api import ENABLED, failed, tracer
+from async_task_api_worker.observability.tracing.carriers import HEADER_GETTER, carrier, continued
 from async_task_api_worker.ports import Outcome, Settlement
 
 __all__ = ["DeliverySpan", "Traced", "processing", "sending", "settling"]
@@ -123,10 +127,16 @@ def processing(source: Traced, delivery: Any) -> AbstractContextManager[Delivery
             context, which becomes the span's parent.
     """
     tracer_ = tracer()
-    return _NOT_PROCESSING if tracer_ is None else _processing(tracer_, source, delivery)
+    if tracer_ is not None:
+        return _processing(tracer_, source, delivery)
+    if ENABLED and _has_parent(delivery.headers):
+        return _passing_on(delivery.headers)
+    return _NOT_PROCESSING
 
 
-def sending(target: Traced, message_id: str | None) -> AbstractContextManager[Mapping[str, str]]:
+def sending(
+    target: Traced, message_id: str | None, parent: Mapping[str, Any] | None = None
+) -> AbstractContextManager[Mapping[str, str]]:
     """A ``send <queue>`` PRODUCER span; gives the headers that carry its context.
 
     The span is not made current: it covers one message's publishing until its confirm (its
@@ -135,15 +145,34 @@ def sending(target: Traced, message_id: str | None) -> AbstractContextManager[Ma
     Args:
         target: what publishes; its ``span_attributes(None)`` name the destination.
         message_id: the message's id (``messaging.message.id``).
+        parent: the headers of the delivery the message reports on, if it does. With no
+            tracer provider, a ``traceparent`` among them is passed on: the headers given are
+            the current context's (the delivery's, made current by :func:`processing`).
     """
     tracer_ = tracer()
-    return _NOT_SENDING if tracer_ is None else _sending(tracer_, target, message_id)
+    if tracer_ is not None:
+        return _sending(tracer_, target, message_id)
+    if ENABLED and _has_parent(parent):
+        return _Nothing(carrier())
+    return _NOT_SENDING
 
 
 def settling(source: Traced, delivery: Any, method: str) -> AbstractContextManager[None]:
     """The ``<method> <queue>`` CLIENT span of a settlement (``ack``, ``nack``, ``reject``)."""
     tracer_ = tracer()
     return _NOT_SETTLING if tracer_ is None else _settling(tracer_, source, delivery, method)
+
+
+def _has_parent(headers: Mapping[str, Any] | None) -> bool:
+    """Whether ``headers`` hold a trace context to pass on (a ``traceparent``)."""
+    return headers is not None and "traceparent" in headers
+
+
+@contextlib.contextmanager
+def _passing_on(headers: Mapping[str, Any]) -> Iterator[DeliverySpan]:
+    """The delivery's context current for the block, with no span of ours (no provider)."""
+    with continued(headers):
+        yield _NO_SPAN
 
 
 def _start(
