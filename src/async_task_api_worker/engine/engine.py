@@ -113,6 +113,7 @@ class Engine:
     ) -> None:
         self._task = worker.task_definition
         self._service = worker.name
+        self._error_hooks = worker.task_error_hooks
         self._settings = settings
         self._transport = transport
         self._executor = executor
@@ -343,6 +344,7 @@ class Engine:
             task_id=task.fields.task_id,
             output_model=self._task.output_model,
             started=confirming(run.publish_started) if self._hands_off else None,
+            on_error=self._error_hooks,
         )
         try:
             result = await execute(

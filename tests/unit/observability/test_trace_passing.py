@@ -75,7 +75,7 @@ def test_a_bad_trace_header_is_said_once_per_kind_not_per_delivery() -> None:
             engine = engine_for(worker_returning("ok", []), transport)
             bad = [
                 {{"traceparent": "00-" + "1" * 10_000}},  # too long: 10 KB
-                {{"traceparent": "{PARENT}", "tracestate": "a=" + "b" * 10_000}},  # tracestate too long
+                {{"traceparent": "{PARENT}", "tracestate": "a=" + "b" * 10_000}},  # too long
                 {{"traceparent": "{PARENT}", "tracestate": "not a member!"}},  # malformed
             ]
             for headers in bad * 5:
