@@ -111,9 +111,8 @@ class Engine:
         jitter: Callable[[], float] = lambda: random.uniform(0.5, 1.0),  # noqa: S311 - not crypto
         hold_s: float | None = None,
     ) -> None:
-        self._task = worker.task_definition
+        self._task, self._error_hooks = worker.task_definition, worker.task_error_hooks
         self._service = worker.name
-        self._error_hooks = worker.task_error_hooks
         self._settings = settings
         self._transport = transport
         self._executor = executor
@@ -169,8 +168,7 @@ class Engine:
         self._notify(_RECEIVED)
         stop = stop or self._never
         run = self.reporter_for(delivery, arrived_at, stop)
-        # The delivery's span is current from here to its settle: the handler's spans, the
-        # reports' and the settle's are its children, and the task's log lines carry its ids.
+        # Current up to the settle, the parent of every span and log line of the delivery.
         with tracing.processing(self._transport, delivery) as span:
             verdict = _CALLER_CANCELLED  # what stands when the caller's cancel cuts through
             try:

@@ -296,9 +296,7 @@ class DeliveryReporter:
             give_up_at = min(give_up_at, self.monotonic() + PROGRESS_CONFIRM_WAIT_S)
         on_wire = [False]  # whether the report of the try under way is on the wire
         abort, forget = abort_sparing_the_wire(self.abort, on_wire, kind)
-        with tracing.sending(
-            self.transport, encoded.properties.message_id, self.delivery.headers
-        ) as headers:
+        with tracing.sending(self.transport, encoded.properties.message_id) as headers:
             encoded.properties.headers.update(headers)
             try:
                 confirmed = await self._hold(encoded, give_up_at, abort, on_wire)

@@ -11,6 +11,7 @@ it unchanged, so the producer's trace reaches the reports' consumer.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 from collections.abc import Iterator, Mapping
 from contextlib import AbstractContextManager
 from types import MappingProxyType
@@ -129,14 +130,12 @@ def processing(source: Traced, delivery: Any) -> AbstractContextManager[Delivery
     tracer_ = tracer()
     if tracer_ is not None:
         return _processing(tracer_, source, delivery)
-    if ENABLED and _has_parent(delivery.headers):
+    if ENABLED and "traceparent" in delivery.headers:  # a producer's context to pass on
         return _passing_on(delivery.headers)
     return _NOT_PROCESSING
 
 
-def sending(
-    target: Traced, message_id: str | None, parent: Mapping[str, Any] | None = None
-) -> AbstractContextManager[Mapping[str, str]]:
+def sending(target: Traced, message_id: str | None) -> AbstractContextManager[Mapping[str, str]]:
     """A ``send <queue>`` PRODUCER span; gives the headers that carry its context.
 
     The span is not made current: it covers one message's publishing until its confirm (its
@@ -145,15 +144,15 @@ def sending(
     Args:
         target: what publishes; its ``span_attributes(None)`` name the destination.
         message_id: the message's id (``messaging.message.id``).
-        parent: the headers of the delivery the message reports on, if it does. With no
-            tracer provider, a ``traceparent`` among them is passed on: the headers given are
-            the current context's (the delivery's, made current by :func:`processing`).
+
+    With no tracer provider, the headers given are those of the delivery whose context
+    :func:`processing` passes on, if it does (read once per delivery), else none.
     """
     tracer_ = tracer()
     if tracer_ is not None:
         return _sending(tracer_, target, message_id)
-    if ENABLED and _has_parent(parent):
-        return _Nothing(carrier())
+    if ENABLED:
+        return _PASSED_ON.get()
     return _NOT_SENDING
 
 
@@ -163,16 +162,24 @@ def settling(source: Traced, delivery: Any, method: str) -> AbstractContextManag
     return _NOT_SETTLING if tracer_ is None else _settling(tracer_, source, delivery, method)
 
 
-def _has_parent(headers: Mapping[str, Any] | None) -> bool:
-    """Whether ``headers`` hold a trace context to pass on (a ``traceparent``)."""
-    return headers is not None and "traceparent" in headers
+#: The headers a report passes on with no tracer provider (:func:`sending`), as the context
+#: manager that gives them: set by :func:`_passing_on` for one delivery.
+_PASSED_ON: Final = contextvars.ContextVar("passed_on", default=_NOT_SENDING)
 
 
 @contextlib.contextmanager
 def _passing_on(headers: Mapping[str, Any]) -> Iterator[DeliverySpan]:
-    """The delivery's context current for the block, with no span of ours (no provider)."""
+    """The delivery's context current for the block, with no span of ours (no provider).
+
+    Its headers, as the API writes them from the extracted context (a malformed one writes
+    none), are what the delivery's reports carry.
+    """
     with continued(headers):
-        yield _NO_SPAN
+        token = _PASSED_ON.set(_Nothing(MappingProxyType(carrier())))
+        try:
+            yield _NO_SPAN
+        finally:
+            _PASSED_ON.reset(token)
 
 
 def _start(
