@@ -2,16 +2,19 @@
 
 :data:`ENABLED` says whether it could be imported; :func:`tracer` finds the tracer of the
 application's provider; :func:`failed` says once that a call into OpenTelemetry failed, so that
-tracing never changes a task's outcome.
+tracing never changes a task's outcome; :func:`provider_from_env` sets up the SDK's provider
+for a command that is its own application (``submit``, ``cancel``).
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import logging
 import os
-from typing import Any, Final
+from typing import IO, Any, Final
 
 from async_task_api_worker._version import __version__
+from async_task_api_worker.errors import SettingsError
 
 #: ``context``, ``propagate``, ``trace`` and ``Getter`` are OpenTelemetry's own, for the
 #: package's other modules; they exist only when :data:`ENABLED`.
@@ -24,6 +27,7 @@ __all__ = [
     "failed",
     "live",
     "propagate",
+    "provider_from_env",
     "trace",
     "tracer",
 ]
@@ -137,3 +141,63 @@ _UNKNOWN: Final = object()
 #: Whether ``OTEL_PYTHON_TRACER_PROVIDER`` names a provider for the API to load on first use
 #: (read at import, as the API's own configuration is: a lookup costs 1 us).
 _PROVIDER_FROM_ENV: Final = "OTEL_PYTHON_TRACER_PROVIDER" in os.environ
+
+
+#: The entry-point group of the SDK's span exporters, as ``OTEL_TRACES_EXPORTER`` names them.
+EXPORTERS_GROUP: Final = "opentelemetry_traces_exporter"
+
+
+def provider_from_env(stream: IO[str]) -> Any:
+    """Set a tracer provider up as the OpenTelemetry SDK's environment variables say.
+
+    For a command that is an application of its own (``submit``, ``cancel``): its ``send``
+    span then records, and its context leaves in the message. Nothing is set up without the
+    SDK (``opentelemetry-sdk``), without any ``OTEL_`` variable, with ``OTEL_SDK_DISABLED=true``,
+    or when a provider is set already (by the application, or ``OTEL_PYTHON_TRACER_PROVIDER``).
+    Otherwise: the resource is ``Resource.create()`` (``OTEL_SERVICE_NAME``,
+    ``OTEL_RESOURCE_ATTRIBUTES``), the sampler the SDK's (``OTEL_TRACES_SAMPLER``), and each
+    exporter ``OTEL_TRACES_EXPORTER`` names (comma-separated; default ``otlp`` when it is
+    installed; ``none``: none) is loaded from the SDK's entry points
+    (``opentelemetry_traces_exporter``) behind a batch processor. ``console`` writes to
+    ``stream``, since the commands' stdout carries their output. The provider flushes when the
+    interpreter exits (the SDK's ``shutdown_on_exit``).
+
+    Returns:
+        The provider set up, or ``None``.
+
+    Raises:
+        SettingsError: ``OTEL_TRACES_EXPORTER`` names an exporter that is not installed.
+    """
+    environ = os.environ
+    if not ENABLED or not any(name.startswith("OTEL_") for name in environ):
+        return None
+    if environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true" or _PROVIDER_FROM_ENV:
+        return None
+    if getattr(trace, "_TRACER_PROVIDER", None) is not None:
+        return None
+    try:
+        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+    except ImportError:  # the API alone: it passes contexts on, and records nothing
+        return None
+    named = environ.get("OTEL_TRACES_EXPORTER")
+    exporters = []
+    for name in (part.strip() for part in (named or "otlp").split(",")):
+        if not name or name == "none":
+            continue
+        found = importlib.metadata.entry_points(group=EXPORTERS_GROUP, name=name)
+        if not found:
+            if named is None:  # the default, not installed: no exporter, as none was asked
+                continue
+            raise SettingsError(
+                f"OTEL_TRACES_EXPORTER names {name!r}, which is not installed "
+                f"(no {EXPORTERS_GROUP} entry point of that name)"
+            )
+        exporter = next(iter(found)).load()
+        exporters.append(exporter(out=stream) if name == "console" else exporter())
+    provider = TracerProvider(resource=Resource.create())
+    for exporter in exporters:
+        provider.add_span_processor(BatchSpanProcessor(exporter))
+    trace.set_tracer_provider(provider)
+    return provider
