@@ -12,10 +12,12 @@ follows the logs' rule: the exception's type and frames, never its text
 from __future__ import annotations
 
 import asyncio
+import atexit
 import inspect
 import logging
 import queue
 import threading
+import time
 from typing import Final
 
 from async_task_api_worker.context import SyncTaskContext, TaskContext
@@ -28,6 +30,8 @@ _logger = logging.getLogger("async_task_api_worker.engine")
 
 #: Errors that may wait for a hook that has not returned; one more is dropped (and said).
 MAX_WAITING: Final = 100
+#: Seconds the process waits, as it exits, for the hooks to take the errors handed to them.
+EXIT_WAIT_S: Final = 5.0
 
 
 def error_of(exc: BaseException, context: TaskContext | SyncTaskContext) -> TaskErrorInput:
@@ -46,7 +50,8 @@ class ErrorHooks:
     """One thread that calls error hooks in turn, fed through a bounded queue.
 
     The thread starts with the first error (a worker whose tasks never fail has none); it is
-    a daemon thread: a hook still running when the process ends is cut short.
+    a daemon thread: as the interpreter exits, it waits up to :data:`EXIT_WAIT_S` for the
+    hooks to take what was handed to them, then a hook still running is cut short.
 
     Args:
         max_waiting: how many errors may wait while a hook runs (see :data:`MAX_WAITING`).
@@ -68,6 +73,7 @@ class ErrorHooks:
                     target=self._run, name="atw-error-hooks", daemon=True
                 )
                 self._thread.start()
+                atexit.register(self.wait_idle, EXIT_WAIT_S)
         try:
             self._queue.put_nowait((hooks, error))
         except queue.Full:
@@ -83,12 +89,24 @@ class ErrorHooks:
             return
         self._dropping = False
 
+    def wait_idle(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` seconds for every error handed over to be taken."""
+        deadline = time.monotonic() + timeout_s
+        with self._queue.all_tasks_done:
+            while self._queue.unfinished_tasks:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._queue.all_tasks_done.wait(left)
+        return True
+
     def _run(self) -> None:
         while True:
             hooks, error = self._queue.get()
             for hook in hooks:
                 _call(hook, error)
             del hooks, error  # the exception and its frames go before the next wait
+            self._queue.task_done()
 
 
 def _call(hook: TaskErrorHook, error: TaskErrorInput) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import textwrap
 import threading
 from collections.abc import Iterator
 
@@ -27,6 +28,7 @@ from tests.unit.integrations.hook_workers import (
     isolated,
     sync_worker,
 )
+from tests.unit.observability.test_tracing import fresh_interpreter
 
 WAIT_S = 10
 
@@ -142,8 +144,29 @@ async def test_a_hook_that_hangs_holds_no_task_up_and_what_waits_is_bounded(
         dropped = [line for line in lines.lines if "errors behind" in line]
         assert len(dropped) == 1 and "t-2" in dropped[0]
         assert not [line for line in lines.lines if "4111" in line]
+        assert not hooks.wait_idle(0)  # still in the first call
     finally:
         release.set()
+    assert hooks.wait_idle(WAIT_S)
+
+
+def test_errors_handed_over_as_the_process_exits_still_reach_the_hook() -> None:
+    script = textwrap.dedent(
+        """
+        import sys
+        from async_task_api_worker import TaskErrorInput
+        from async_task_api_worker.task_call import tell
+        from async_task_api_worker.testing import make_task_context
+
+        def hook(error: TaskErrorInput) -> None:
+            print("hooked", error.task_id, type(error.exception).__name__, flush=True)
+
+        tell((hook,), ValueError("x"), make_task_context(task_id="t-exit"))
+        # the main thread ends here: the interpreter waits for the hooks' thread to take it
+        """
+    )
+    done = fresh_interpreter(script)
+    assert done.stdout.strip() == "hooked t-exit ValueError"
 
 
 async def test_tasks_conclude_while_their_hook_hangs() -> None:
