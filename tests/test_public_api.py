@@ -26,6 +26,7 @@ def test_the_package_exports_exactly_its_public_names() -> None:
             "SyncTaskContext",
             "TaskCancelledError",
             "TaskContext",
+            "TaskErrorInput",
             "Worker",
             "WorkerSettings",
             "__version__",

@@ -18,6 +18,7 @@ from async_task_api_worker.errors import (
     TaskCancelledError,
 )
 from async_task_api_worker.settings import WorkerSettings
+from async_task_api_worker.task_definition import TaskErrorInput
 
 
 class _Runtime:
@@ -46,6 +47,8 @@ __all__ = [
     "SyncTaskContext",
     "TaskContext",
     "Worker",
+    # an error tracker's hook (@worker.on_task_error)
+    "TaskErrorInput",
     # failing a task on purpose
     "FatalError",
     "RetryableError",

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any
@@ -227,7 +228,9 @@ class TaskClient:
                 connected.
         """
         body, properties = encode_cancel(task_id, self.client_id, datetime.now(UTC))
-        return await self._producer.publish_cancel(body, properties)
+        # A ``send`` span of its own; no context leaves with it (a cancel carries no headers).
+        with tracing.sending(_ControlExchange(self.control_exchange), task_id):
+            return await self._producer.publish_cancel(body, properties)
 
     def span_attributes(self, delivery: None) -> Mapping[str, str]:
         """The input queue, for the ``send`` span of :meth:`submit` (``observability.tracing``)."""
@@ -274,3 +277,13 @@ class TaskClient:
             return
         inbox.put_nowait(report)
         await message.ack()
+
+
+@dataclass(frozen=True)
+class _ControlExchange:
+    """Where :meth:`TaskClient.cancel` publishes, for its ``send`` span's attributes."""
+
+    name: str
+
+    def span_attributes(self, delivery: None) -> Mapping[str, str]:
+        return {"messaging.system": "rabbitmq", "messaging.destination.name": self.name}

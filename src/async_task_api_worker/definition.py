@@ -21,6 +21,7 @@ from types import MappingProxyType
 from typing import Any, Final, Literal, ParamSpec, Protocol, TypeVar, overload
 
 from async_task_api_worker.errors import (
+    DefinitionError,
     DuplicateTaskError,
     HandlerSignatureError,
     HookNotAsyncError,
@@ -33,6 +34,8 @@ from async_task_api_worker.protocol.envelope import SERVICE_PATTERN
 from async_task_api_worker.task_definition import (
     HandlerKind,
     TaskDefinition,
+    TaskErrorHook,
+    TaskErrorInput,
     check_importable,
     check_isolation,
     checked_errors,
@@ -45,6 +48,8 @@ __all__ = [
     "ReadinessProbe",
     "RuntimeEntry",
     "TaskDefinition",
+    "TaskErrorHook",
+    "TaskErrorInput",
     "Worker",
     "read_task",
     "wire_runtime",
@@ -133,6 +138,7 @@ class Worker:
         self._startup_hooks: list[Hook] = []
         self._shutdown_hooks: list[Hook] = []
         self._probes: dict[str, ReadinessProbe] = {}
+        self._error_hooks: list[TaskErrorHook] = []
 
     def __repr__(self) -> str:
         return f"Worker({self.name!r})"
@@ -239,6 +245,29 @@ class Worker:
         self._shutdown_hooks.append(hook)
         return hook
 
+    def on_task_error(self, hook: F) -> F:
+        """Hand each unexpected exception of the handler to ``hook`` (an error tracker's).
+
+        ``hook(error)`` gets a :class:`~async_task_api_worker.TaskErrorInput`: the exception
+        object (with its traceback) and the task's fields, for an exception the task reports
+        as ``INTERNAL_ERROR``, and for no other ending. The exception's text still never
+        reaches the logs nor the report. ``hook`` is a ``def`` or an ``async def``; it runs on
+        a thread of its own, one call at a time, after the task concluded, so it cannot change
+        the conclusion nor hold the worker up: one that raises is logged (its type and frames,
+        never its text), and while one has not returned, up to 100 errors wait for it, later
+        ones are dropped with a warning. A successful task costs nothing more.
+
+        For a process-isolated task the hook runs in the worker, with a
+        ``RemoteHandlerError`` that names the exception's type and frames.
+
+        Raises:
+            DefinitionError: ``hook`` is not callable.
+        """
+        if not callable(hook):
+            raise DefinitionError(f"on_task_error hook {hook!r} must be a def or async def")
+        self._error_hooks.append(hook)
+        return hook
+
     @overload
     def readiness_probe(self, probe: F, /) -> F: ...
 
@@ -329,6 +358,11 @@ class Worker:
     def shutdown_hooks(self) -> tuple[Hook, ...]:
         """The ``on_shutdown`` hooks, in declaration order."""
         return tuple(self._shutdown_hooks)
+
+    @property
+    def task_error_hooks(self) -> tuple[TaskErrorHook, ...]:
+        """The ``on_task_error`` hooks, in declaration order."""
+        return tuple(self._error_hooks)
 
     @property
     def readiness_probes(self) -> dict[str, ReadinessProbe]:

@@ -40,6 +40,7 @@ from async_task_api_worker.events import (
 )
 from async_task_api_worker.protocol.envelope import Envelope
 from async_task_api_worker.protocol.reports import EncodedReport
+from async_task_api_worker.task_definition import TaskErrorHook
 
 __all__ = [
     "AckFailed",
@@ -316,6 +317,8 @@ class ExecutionRequest:
         task_id: the task's id, for the executor's own logs.
         output_model: the task's output model, which concludes a returned value
             (``task_call.conclude_value``).
+        on_error: the worker's ``on_task_error`` hooks, told of an exception the call
+            concludes as ``INTERNAL_ERROR`` (``task_call.error_hooks``); empty: none.
         started: for an executor whose work outlives the delivery (``hands_off = True``): it
             publishes ``started`` and returns once it is confirmed; the executor hands the
             work off only after it (it raises when ``started`` gave up: let that through).
@@ -330,6 +333,7 @@ class ExecutionRequest:
     task_id: str
     output_model: type[BaseModel]
     started: Callable[[], Awaitable[None]] | None = None
+    on_error: tuple[TaskErrorHook, ...] = ()
 
 
 class Executor(Protocol):

@@ -32,6 +32,8 @@ from async_task_api_worker.protocol.codes import ERROR_CODE_PATTERN, RESERVED_ER
 __all__ = [
     "HandlerKind",
     "TaskDefinition",
+    "TaskErrorHook",
+    "TaskErrorInput",
     "check_importable",
     "check_isolation",
     "checked_errors",
@@ -89,6 +91,48 @@ class TaskDefinition:
     def handler_reference(self) -> str:
         """``module:qualified.name`` of the handler, how a child process finds it."""
         return f"{self.handler.__module__}:{self.handler.__qualname__}"
+
+
+@dataclass(frozen=True, slots=True)
+class TaskErrorInput:
+    """What ``@worker.on_task_error`` hooks get: a handler's unexpected exception and its task.
+
+    The exception is one the SDK reported as ``INTERNAL_ERROR`` (anything but a well-formed
+    ``FatalError`` or ``RetryableError``, a timeout or a cancel: ``task_call.conclude_error``
+    decides). The fields are the ones the task's log lines carry, and its client id; not its
+    input, which the logs never carry either (docs/protocol.md, "Payloads and secrets").
+
+    Attributes:
+        exception: the exception the handler raised, with its traceback. For a
+            process-isolated task, a ``RemoteHandlerError`` naming the type the child raised
+            and its frames (its message stays in the child).
+        task_id: the envelope's task id.
+        client_id: the envelope's client id.
+        service: the worker's service name.
+        attempt: this delivery's attempt, from 1.
+        delivery_limit: the attempts the task gets.
+    """
+
+    exception: BaseException
+    task_id: str
+    client_id: str
+    service: str
+    attempt: int
+    delivery_limit: int
+
+    @property
+    def tags(self) -> dict[str, str]:
+        """The task's fields as strings, for an error tracker's tags (``service``, ...)."""
+        return {
+            "task_id": self.task_id,
+            "client_id": self.client_id,
+            "service": self.service,
+            "attempt": str(self.attempt),
+        }
+
+
+#: An error hook: a ``def`` or an ``async def`` taking a :class:`TaskErrorInput`.
+TaskErrorHook = Callable[[TaskErrorInput], object]
 
 
 def qualified(function: Callable[..., Any]) -> str:

@@ -94,6 +94,12 @@ def _parser() -> argparse.ArgumentParser:
     dev.add_argument(
         "file", nargs="?", default="-", help="JSON lines of task inputs (default: stdin)"
     )
+    dev.add_argument(
+        "--reload",
+        action="store_true",
+        help="restart the worker when a .py file under the current directory or the worker's "
+        "module changes (needs the reload extra: watchfiles); each restart gets the whole input",
+    )
     _add_setting_flags(dev, "dev", defaults={"log_format": "text on a terminal, json otherwise"})
 
     tick = commands.add_parser(
@@ -226,6 +232,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 max_new=arguments.max_new,
                 flags=flags,
             )
+        if arguments.command == "dev" and arguments.reload:
+            from async_task_api_worker.cli.commands.reload import reload_command
+
+            return reload_command(arguments.target, arguments.file, flags=flags)
         if arguments.command == "dev":
             from async_task_api_worker.cli.commands.dev import dev_command
 

@@ -111,7 +111,7 @@ class Engine:
         jitter: Callable[[], float] = lambda: random.uniform(0.5, 1.0),  # noqa: S311 - not crypto
         hold_s: float | None = None,
     ) -> None:
-        self._task = worker.task_definition
+        self._task, self._error_hooks = worker.task_definition, worker.task_error_hooks
         self._service = worker.name
         self._settings = settings
         self._transport = transport
@@ -168,8 +168,7 @@ class Engine:
         self._notify(_RECEIVED)
         stop = stop or self._never
         run = self.reporter_for(delivery, arrived_at, stop)
-        # The delivery's span is current from here to its settle: the handler's spans, the
-        # reports' and the settle's are its children, and the task's log lines carry its ids.
+        # Current up to the settle, the parent of every span and log line of the delivery.
         with tracing.processing(self._transport, delivery) as span:
             verdict = _CALLER_CANCELLED  # what stands when the caller's cancel cuts through
             try:
@@ -343,6 +342,7 @@ class Engine:
             task_id=task.fields.task_id,
             output_model=self._task.output_model,
             started=confirming(run.publish_started) if self._hands_off else None,
+            on_error=self._error_hooks,
         )
         try:
             result = await execute(

@@ -15,13 +15,15 @@ raising the same exception is reported with the same code and message whatever f
   frames (``observability.redaction``).
 
 :mod:`.fields` holds who the call works for and its context, :mod:`.conclude` what it concludes
-and the one wording of each end, :mod:`.call` the call under its deadline. The conclusion's
+and the one wording of each end, :mod:`.call` the call under its deadline, :mod:`.error_hooks`
+the worker's ``on_task_error`` hooks, told of an ``INTERNAL_ERROR``'s exception. The conclusion's
 value types and their JSON shape are in :mod:`async_task_api_worker.conclusion`.
 """
 
-from async_task_api_worker.task_call import call, conclude, fields
+from async_task_api_worker.task_call import call, conclude, error_hooks, fields
 from async_task_api_worker.task_call.call import *  # noqa: F403 - the package is its parts
 from async_task_api_worker.task_call.conclude import *  # noqa: F403
+from async_task_api_worker.task_call.error_hooks import *  # noqa: F403
 from async_task_api_worker.task_call.fields import *  # noqa: F403
 
-__all__ = call.__all__ + conclude.__all__ + fields.__all__
+__all__ = call.__all__ + conclude.__all__ + error_hooks.__all__ + fields.__all__

@@ -20,6 +20,8 @@ from async_task_api_worker.context import ProgressSink, bind_task_fields
 from async_task_api_worker.definition import HandlerKind, TaskDefinition
 from async_task_api_worker.observability import tracing
 from async_task_api_worker.ports import ExecutionRequest
+from async_task_api_worker.protocol.codes import ErrorCode
+from async_task_api_worker.task_call import error_hooks
 from async_task_api_worker.task_call.conclude import (
     conclude_error,
     conclude_value,
@@ -43,8 +45,16 @@ def call_sync(request: ExecutionRequest, conclude: _Conclude = conclude_error) -
     try:
         value = request.handler(request.task_input, request.context)
     except BaseException as exc:  # the caller's thread or process decides what ends it
-        return conclude(exc)
+        return _concluded(request, conclude, exc)
     return conclude_value(request.output_model, value)
+
+
+def _concluded(request: ExecutionRequest, conclude: _Conclude, exc: BaseException) -> Failure:
+    """``conclude(exc)``; an ``INTERNAL_ERROR`` is also handed to the worker's error hooks."""
+    failure = conclude(exc)
+    if request.on_error and failure.code == ErrorCode.INTERNAL_ERROR:
+        error_hooks.tell(request.on_error, exc, request.context)
+    return failure
 
 
 async def call_async(request: ExecutionRequest, conclude: _Conclude = conclude_error) -> Conclusion:
@@ -65,9 +75,9 @@ async def call_async(request: ExecutionRequest, conclude: _Conclude = conclude_e
         task = asyncio.current_task()
         if task is not None and task.cancelling():
             raise
-        return conclude(exc)
+        return _concluded(request, conclude, exc)
     except BaseException as exc:  # SystemExit would otherwise end the event loop, and the worker
-        return conclude(exc)
+        return _concluded(request, conclude, exc)
     return conclude_value(request.output_model, value)
 
 

@@ -18,6 +18,7 @@ import sys
 from async_task_api_worker.cli.inputs import readable
 from async_task_api_worker.client import TaskClient
 from async_task_api_worker.errors import TargetError, TransportError
+from async_task_api_worker.observability import tracing
 from async_task_api_worker.observability.logging import configure_logging
 from async_task_api_worker.protocol.envelope import ID_PATTERN, SERVICE_PATTERN
 from async_task_api_worker.runtime.exit_codes import ExitCode, say_error
@@ -66,6 +67,7 @@ def cancel_command(task_id: str, *, service: str, client_id: str) -> int:
     settings = readable(load_settings())
     # The broker client's lines (one per connection retry) go to stderr: stdout has the result.
     configure_logging(settings.log_level, log_format=settings.log_format, stream=sys.stderr)
+    tracing.provider_from_env(sys.stderr)  # OTEL_*: the cancel's `send` span
     client = TaskClient.from_settings(service=service, settings=settings, client_id=client_id)
     try:
         reached = asyncio.run(_cancel(client, task_id))

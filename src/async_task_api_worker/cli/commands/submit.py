@@ -28,6 +28,7 @@ from async_task_api_worker.errors import (
     TargetError,
     TransportError,
 )
+from async_task_api_worker.observability import tracing
 from async_task_api_worker.observability.logging import configure_logging
 from async_task_api_worker.protocol.encoding import canonical_dumps
 from async_task_api_worker.protocol.envelope import decode_envelope
@@ -174,6 +175,7 @@ def submit_command(
     settings = readable(load_settings())
     # The broker client's lines and ours, one per retry, on stderr: stdout carries the reports.
     configure_logging(settings.log_level, log_format=settings.log_format, stream=sys.stderr)
+    tracing.provider_from_env(sys.stderr)  # OTEL_*: the `send` span, its context in the envelope
     client = TaskClient.from_settings(service=service, settings=settings)
     succeeded: dict[str, bool] = {}
 

@@ -30,6 +30,7 @@ from typing import Any, Final
 
 from async_task_api_worker.conclusion import Conclusion, conclusion_from_json, conclusion_to_json
 from async_task_api_worker.context import ProgressDropReason, ProgressUpdate
+from async_task_api_worker.errors import RemoteHandlerError
 from async_task_api_worker.observability.logging import TASK_FIELDS
 from async_task_api_worker.protocol.codes import ErrorCode
 from async_task_api_worker.protocol.encoding import MAX_REPORT_BYTES
@@ -287,13 +288,27 @@ class LogMessage:
 
 @dataclass(frozen=True, slots=True)
 class OutcomeMessage:
-    """The child's last message: the conclusion of the task call."""
+    """The child's last message: the conclusion of the task call.
+
+    Attributes:
+        conclusion: the task call's conclusion.
+        raised: for an ``INTERNAL_ERROR``, the exception the handler raised as its type name
+            and frames (``observability.redaction``: never its text), for the worker's error
+            hooks; ``None`` otherwise.
+    """
 
     conclusion: Conclusion
+    raised: RemoteHandlerError | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The message as the frame's JSON object."""
-        return {"t": "outcome", **conclusion_to_json(self.conclusion)}
+        message = {"t": "outcome", **conclusion_to_json(self.conclusion)}
+        if self.raised is not None:
+            message["raised"] = {
+                "type": self.raised.remote_type_name,
+                "frames": self.raised.remote_traceback,
+            }
+        return message
 
 
 ChildMessage = ProgressMessage | DropMessage | LogMessage | OutcomeMessage
@@ -321,6 +336,16 @@ def _progress(message: dict[str, Any]) -> ProgressMessage:
     ):
         raise ChannelError("a progress message that breaks the rules")
     return ProgressMessage(ProgressUpdate(float(fraction), payload))
+
+
+def _raised(raised: object) -> RemoteHandlerError | None:
+    """An outcome's ``raised`` (type name and frames), or ``None`` if absent or not that shape."""
+    if not isinstance(raised, dict):
+        return None
+    kind, frames = raised.get("type"), raised.get("frames")
+    if not isinstance(kind, str) or not isinstance(frames, str):
+        return None
+    return RemoteHandlerError(kind[:MAX_LOG_CHARS], frames[:MAX_LOG_CHARS])
 
 
 def _log(message: dict[str, Any]) -> LogMessage:
@@ -355,7 +380,8 @@ def decode_child_message(message: dict[str, Any]) -> ChildMessage:
         return _log(message)
     if kind == "outcome":
         try:
-            return OutcomeMessage(conclusion_from_json(message, sdk_codes=CHILD_CODES))
+            conclusion = conclusion_from_json(message, sdk_codes=CHILD_CODES)
         except ValueError as exc:
             raise ChannelError(f"an outcome that breaks the rules: {exc}") from exc
+        return OutcomeMessage(conclusion, _raised(message.get("raised")))
     raise ChannelError("a message of an unknown kind")

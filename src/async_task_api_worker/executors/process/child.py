@@ -22,9 +22,10 @@ import sys
 from collections.abc import Callable
 from typing import Any, cast
 
-from async_task_api_worker.conclusion import Failure
+from async_task_api_worker.conclusion import Conclusion, Failure
 from async_task_api_worker.context import ProgressDropReason, ProgressUpdate
 from async_task_api_worker.definition import TASK_PROCESS_ENV, TaskDefinition, read_task
+from async_task_api_worker.errors import RemoteHandlerError
 from async_task_api_worker.executors.process.channel import (
     ChildChannel,
     DropMessage,
@@ -36,7 +37,7 @@ from async_task_api_worker.executors.process.channel import (
 from async_task_api_worker.executors.process.group import become_subreaper, die_with_parent
 from async_task_api_worker.executors.process.lease import fence, unfence
 from async_task_api_worker.observability.logging import RECORD_ATTRIBUTES, json_scalar
-from async_task_api_worker.observability.redaction import exception_type_name
+from async_task_api_worker.observability.redaction import exception_type_name, safe_traceback
 from async_task_api_worker.protocol.codes import ErrorCode
 from async_task_api_worker.targets import load_reference
 from async_task_api_worker.task_call import call_here, sendable
@@ -121,6 +122,15 @@ def _release_reserve(exc: BaseException) -> None:
         _RESERVE = None
 
 
+def _raised(conclusion: Conclusion, raised: list[BaseException]) -> RemoteHandlerError | None:
+    """What the worker's error hooks learn of an ``INTERNAL_ERROR``: the type and frames."""
+    if not raised or not isinstance(conclusion, Failure):
+        return None
+    if conclusion.code != ErrorCode.INTERNAL_ERROR:
+        return None
+    return RemoteHandlerError(exception_type_name(raised[-1]), safe_traceback(raised[-1]))
+
+
 def serve_one(channel_fd: int, task: TaskDefinition) -> int:
     """Run one task in this process: read the request on ``channel_fd``, send the outcome.
 
@@ -141,17 +151,23 @@ def serve_one(channel_fd: int, task: TaskDefinition) -> int:
                 return 0
         _set_up_logging(channel, request.log_level)
         _apply_limits(request)
+        raised: list[BaseException] = []
+
+        def on_exception(exc: BaseException) -> None:
+            _release_reserve(exc)
+            raised.append(exc)
+
         conclusion = call_here(
             task,
             request.raw_input,
             request.fields,
             _ChannelSink(channel),
             memory_limit_bytes=request.memory_limit_bytes,
-            on_exception=_release_reserve,
+            on_exception=on_exception,
         )
         # Checked here, not by the worker: the channel's JSON escapes two raw surrogates side
         # by side as a pair, which reads back joined into one valid character.
-        channel.send(OutcomeMessage(sendable(conclusion)).to_json())
+        channel.send(OutcomeMessage(sendable(conclusion), _raised(conclusion, raised)).to_json())
     except Exception:
         return 3
     finally:

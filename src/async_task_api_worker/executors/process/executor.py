@@ -56,6 +56,7 @@ from async_task_api_worker.ports import ExecutionRequest, Lease
 from async_task_api_worker.protocol.codes import ErrorCode
 from async_task_api_worker.task_call import (
     conclude_error,
+    error_hooks,
     fields_of,
     process_ended,
     process_killed,
@@ -251,8 +252,7 @@ class ProcessExecutor:
                     return_when=asyncio.FIRST_COMPLETED,
                 )
                 if exited in done and conversation not in done:
-                    # The child is gone, but a descendant may hold the channel open: its
-                    # answer, if it sent one, is already in the socket.
+                    # Gone, but a descendant may hold the channel: its answer is in the socket.
                     done, _ = await asyncio.wait(
                         {conversation}, timeout=min(ANSWER_GRACE_S, deadline - loop.time())
                     )
@@ -275,8 +275,7 @@ class ProcessExecutor:
                     await conversation
                 return LeaseLapsed() if grant.lapsed else timed_out(request.timeout_s)
             conclusion, ended_without_result = conversation.result()
-            if ended_without_result:
-                # Its output is the best clue to why it died (a fatal error, a C library).
+            if ended_without_result:  # its output is the best clue to why it died
                 output_level = logging.WARNING
             return conclusion
         finally:
@@ -346,6 +345,7 @@ class ProcessExecutor:
                 elif isinstance(message, LogMessage):
                     message.relay()
                 elif isinstance(message, OutcomeMessage):
+                    error_hooks.tell(request.on_error, message.raised, request.context)
                     return message.conclusion
         except ConnectionError:
             return None  # the child died: its exit status tells how

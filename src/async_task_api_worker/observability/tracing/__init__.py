@@ -32,7 +32,7 @@ The package is the one place that imports OpenTelemetry (an import-linter contra
 
 from __future__ import annotations
 
-from async_task_api_worker.observability.tracing.api import ENABLED, live
+from async_task_api_worker.observability.tracing.api import ENABLED, live, provider_from_env
 from async_task_api_worker.observability.tracing.carriers import (
     ENV_VARIABLES,
     TRACE_HEADERS,
@@ -63,6 +63,7 @@ __all__ = [
     "current_ids",
     "live",
     "processing",
+    "provider_from_env",
     "sending",
     "settling",
 ]

@@ -2,20 +2,35 @@
 
 :data:`ENABLED` says whether it could be imported; :func:`tracer` finds the tracer of the
 application's provider; :func:`failed` says once that a call into OpenTelemetry failed, so that
-tracing never changes a task's outcome.
+tracing never changes a task's outcome; :func:`provider_from_env` sets up the SDK's provider
+for a command that is its own application (``submit``, ``cancel``).
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import logging
 import os
-from typing import Any, Final
+from typing import IO, Any, Final
 
 from async_task_api_worker._version import __version__
+from async_task_api_worker.errors import SettingsError
 
 #: ``context``, ``propagate``, ``trace`` and ``Getter`` are OpenTelemetry's own, for the
 #: package's other modules; they exist only when :data:`ENABLED`.
-__all__ = ["ENABLED", "Getter", "context", "failed", "live", "propagate", "trace", "tracer"]
+__all__ = [
+    "ENABLED",
+    "HEADER_LOGGERS",
+    "Getter",
+    "OncePerKind",
+    "context",
+    "failed",
+    "live",
+    "propagate",
+    "provider_from_env",
+    "trace",
+    "tracer",
+]
 
 _logger = logging.getLogger("async_task_api_worker.tracing")
 
@@ -32,6 +47,37 @@ except Exception as exc:  # e.g. OTEL_PROPAGATORS names one not installed (Value
     _BROKEN.append(f"{type(exc).__name__}: {exc}")
 else:
     ENABLED = True  # type: ignore[misc]  # set once, by the import above
+
+#: The loggers of OpenTelemetry's W3C propagator and of its ``TraceState``: each warns about a
+#: bad incoming header (too long, a malformed ``tracestate`` member...) every time it reads one.
+HEADER_LOGGERS: Final = ("opentelemetry.trace.propagation.tracecontext", "opentelemetry.trace.span")
+
+
+class OncePerKind(logging.Filter):
+    """Lets through the first record of each kind, a kind being its logger and message format.
+
+    A producer that sends a 10 KB ``traceparent`` sends it with every task: the API's warning
+    about it is said once, not once per delivery (the API itself says it every time). Costs
+    nothing until a record comes; then a set lookup.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._seen: set[tuple[str, object]] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """Whether ``record`` is the first of its kind (said with a note that it is once)."""
+        kind = (record.name, record.msg)
+        if kind in self._seen:
+            return False
+        self._seen.add(kind)
+        record.msg = f"{record.msg} (a bad trace header; said once, later ones are not logged)"
+        return True
+
+
+if ENABLED:
+    for _name in HEADER_LOGGERS:
+        logging.getLogger(_name).addFilter(OncePerKind())
 
 #: What failed in OpenTelemetry already, said once each (a failure is never the task's).
 _SAID: set[str] = set()
@@ -95,3 +141,63 @@ _UNKNOWN: Final = object()
 #: Whether ``OTEL_PYTHON_TRACER_PROVIDER`` names a provider for the API to load on first use
 #: (read at import, as the API's own configuration is: a lookup costs 1 us).
 _PROVIDER_FROM_ENV: Final = "OTEL_PYTHON_TRACER_PROVIDER" in os.environ
+
+
+#: The entry-point group of the SDK's span exporters, as ``OTEL_TRACES_EXPORTER`` names them.
+EXPORTERS_GROUP: Final = "opentelemetry_traces_exporter"
+
+
+def provider_from_env(stream: IO[str]) -> Any:
+    """Set a tracer provider up as the OpenTelemetry SDK's environment variables say.
+
+    For a command that is an application of its own (``submit``, ``cancel``): its ``send``
+    span then records, and its context leaves in the message. Nothing is set up without the
+    SDK (``opentelemetry-sdk``), without any ``OTEL_`` variable, with ``OTEL_SDK_DISABLED=true``,
+    or when a provider is set already (by the application, or ``OTEL_PYTHON_TRACER_PROVIDER``).
+    Otherwise: the resource is ``Resource.create()`` (``OTEL_SERVICE_NAME``,
+    ``OTEL_RESOURCE_ATTRIBUTES``), the sampler the SDK's (``OTEL_TRACES_SAMPLER``), and each
+    exporter ``OTEL_TRACES_EXPORTER`` names (comma-separated; default ``otlp`` when it is
+    installed; ``none``: none) is loaded from the SDK's entry points
+    (``opentelemetry_traces_exporter``) behind a batch processor. ``console`` writes to
+    ``stream``, since the commands' stdout carries their output. The provider flushes when the
+    interpreter exits (the SDK's ``shutdown_on_exit``).
+
+    Returns:
+        The provider set up, or ``None``.
+
+    Raises:
+        SettingsError: ``OTEL_TRACES_EXPORTER`` names an exporter that is not installed.
+    """
+    environ = os.environ
+    if not ENABLED or not any(name.startswith("OTEL_") for name in environ):
+        return None
+    if environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true" or _PROVIDER_FROM_ENV:
+        return None
+    if getattr(trace, "_TRACER_PROVIDER", None) is not None:
+        return None
+    try:
+        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+    except ImportError:  # the API alone: it passes contexts on, and records nothing
+        return None
+    named = environ.get("OTEL_TRACES_EXPORTER")
+    exporters = []
+    for name in (part.strip() for part in (named or "otlp").split(",")):
+        if not name or name == "none":
+            continue
+        found = importlib.metadata.entry_points(group=EXPORTERS_GROUP, name=name)
+        if not found:
+            if named is None:  # the default, not installed: no exporter, as none was asked
+                continue
+            raise SettingsError(
+                f"OTEL_TRACES_EXPORTER names {name!r}, which is not installed "
+                f"(no {EXPORTERS_GROUP} entry point of that name)"
+            )
+        exporter = next(iter(found)).load()
+        exporters.append(exporter(out=stream) if name == "console" else exporter())
+    provider = TracerProvider(resource=Resource.create())
+    for exporter in exporters:
+        provider.add_span_processor(BatchSpanProcessor(exporter))
+    trace.set_tracer_provider(provider)
+    return provider

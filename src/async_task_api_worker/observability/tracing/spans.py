@@ -1,20 +1,25 @@
 """The worker's spans: ``process`` per delivery, ``send`` per report, the settle's.
 
 Each is skipped altogether (a constant no-op context manager) until the application sets a
-tracer provider (:func:`~async_task_api_worker.observability.tracing.api.live`).
+tracer provider (:func:`~async_task_api_worker.observability.tracing.api.live`). Without one,
+a delivery that carries a ``traceparent`` still passes its context on, as OpenTelemetry's API
+does for a library with no SDK behind it: the context is current while the delivery is
+processed (the task's log lines and child processes carry it), and each report's headers carry
+it unchanged, so the producer's trace reaches the reports' consumer.
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 from collections.abc import Iterator, Mapping
 from contextlib import AbstractContextManager
 from types import MappingProxyType
 from typing import Any, Final, Protocol
 
 from async_task_api_worker.observability.tracing import api
-from async_task_api_worker.observability.tracing.api import failed, tracer
-from async_task_api_worker.observability.tracing.carriers import HEADER_GETTER
+from async_task_api_worker.observability.tracing.api import ENABLED, failed, tracer
+from async_task_api_worker.observability.tracing.carriers import HEADER_GETTER, carrier, continued
 from async_task_api_worker.ports import Outcome, Settlement
 
 __all__ = ["DeliverySpan", "Traced", "processing", "sending", "settling"]
@@ -123,7 +128,11 @@ def processing(source: Traced, delivery: Any) -> AbstractContextManager[Delivery
             context, which becomes the span's parent.
     """
     tracer_ = tracer()
-    return _NOT_PROCESSING if tracer_ is None else _processing(tracer_, source, delivery)
+    if tracer_ is not None:
+        return _processing(tracer_, source, delivery)
+    if ENABLED and "traceparent" in delivery.headers:  # a producer's context to pass on
+        return _passing_on(delivery.headers)
+    return _NOT_PROCESSING
 
 
 def sending(target: Traced, message_id: str | None) -> AbstractContextManager[Mapping[str, str]]:
@@ -135,15 +144,42 @@ def sending(target: Traced, message_id: str | None) -> AbstractContextManager[Ma
     Args:
         target: what publishes; its ``span_attributes(None)`` name the destination.
         message_id: the message's id (``messaging.message.id``).
+
+    With no tracer provider, the headers given are those of the delivery whose context
+    :func:`processing` passes on, if it does (read once per delivery), else none.
     """
     tracer_ = tracer()
-    return _NOT_SENDING if tracer_ is None else _sending(tracer_, target, message_id)
+    if tracer_ is not None:
+        return _sending(tracer_, target, message_id)
+    if ENABLED:
+        return _PASSED_ON.get()
+    return _NOT_SENDING
 
 
 def settling(source: Traced, delivery: Any, method: str) -> AbstractContextManager[None]:
     """The ``<method> <queue>`` CLIENT span of a settlement (``ack``, ``nack``, ``reject``)."""
     tracer_ = tracer()
     return _NOT_SETTLING if tracer_ is None else _settling(tracer_, source, delivery, method)
+
+
+#: The headers a report passes on with no tracer provider (:func:`sending`), as the context
+#: manager that gives them: set by :func:`_passing_on` for one delivery.
+_PASSED_ON: Final = contextvars.ContextVar("passed_on", default=_NOT_SENDING)
+
+
+@contextlib.contextmanager
+def _passing_on(headers: Mapping[str, Any]) -> Iterator[DeliverySpan]:
+    """The delivery's context current for the block, with no span of ours (no provider).
+
+    Its headers, as the API writes them from the extracted context (a malformed one writes
+    none), are what the delivery's reports carry.
+    """
+    with continued(headers):
+        token = _PASSED_ON.set(_Nothing(MappingProxyType(carrier())))
+        try:
+            yield _NO_SPAN
+        finally:
+            _PASSED_ON.reset(token)
 
 
 def _start(
