@@ -24,6 +24,7 @@ __all__ = [
     "RABBITMQ_4_3",
     "PLACED_CONFIRM_WAIT_S",
     "SILENT_HEARTBEATS_TO_DEAD",
+    "TLS_QUERY_OPTIONS",
     "check_time_budget",
     "consumer_timeout_s",
     "delivery_budget_s",
@@ -41,12 +42,27 @@ SILENT_HEARTBEATS_TO_DEAD: Final = 2
 
 #: The schemes ``BROKER_URL`` accepts, and their default ports.
 _AMQP_PORTS: Final = {"amqp": 5672, "amqps": 5671}
+#: The TLS options of an ``amqps://`` URL (``transports.rabbitmq.tls.tls_context``): aiormq's
+#: names, and RabbitMQ's URI query parameter for the server name (docs/tls.md).
+TLS_QUERY_OPTIONS: Final = (
+    "cafile",
+    "capath",
+    "cadata",
+    "certfile",
+    "keyfile",
+    "no_verify_ssl",
+    "server_name_indication",
+)
+#: The Erlang client's names of TLS options, which this client does not read, and its own.
+_OTHER_CLIENTS_OPTIONS: Final = {"cacertfile": "cafile", "verify": "no_verify_ssl"}
 
 
 def split_broker_urls(value: str) -> tuple[str, ...]:
     """Split ``BROKER_URL`` at its commas and check each URL.
 
-    Rule: each is ``amqp://`` or ``amqps://``, names a host, and any port is in 1..65535.
+    Rule: each is ``amqp://`` or ``amqps://``, names a host, and any port is in 1..65535;
+    only an ``amqps://`` URL takes TLS options (:data:`TLS_QUERY_OPTIONS`), under this
+    client's names (``cafile``, not the Erlang client's ``cacertfile``).
 
     Returns:
         The URLs, stripped of surrounding white space, in the order given.
@@ -54,7 +70,7 @@ def split_broker_urls(value: str) -> tuple[str, ...]:
     Raises:
         ValueError: a URL breaks the rule; the message names its position, never its text.
     """
-    from urllib.parse import urlsplit
+    from urllib.parse import parse_qs, urlsplit
 
     urls = tuple(part.strip() for part in value.split(","))
     for position, url in enumerate(urls, start=1):
@@ -77,6 +93,13 @@ def split_broker_urls(value: str) -> tuple[str, ...]:
             raise ValueError(f"{which} names no host")
         if port == 0:
             raise ValueError(f"{which} has a port out of 1..65535")
+        options = parse_qs(parts.query, keep_blank_values=True)
+        for other, ours in _OTHER_CLIENTS_OPTIONS.items():
+            if other in options:
+                raise ValueError(f"{which} has ?{other}=, which this client reads as ?{ours}=")
+        tls = [name for name in TLS_QUERY_OPTIONS if name in options]
+        if tls and parts.scheme != "amqps":
+            raise ValueError(f"{which} gives TLS options ({', '.join(tls)}) to amqp://: amqps://?")
     return urls
 
 
