@@ -33,7 +33,7 @@ from yarl import URL
 from async_task_api_worker.errors import SettingsError
 from async_task_api_worker.transports.rabbitmq.failures import closed_by_broker, tls_refusal
 
-__all__ = ["TLS_PROBE_WAIT_S", "read_refusal", "tls_context", "tls_failure"]
+__all__ = ["TLS_PROBE_WAIT_S", "describe_tls", "read_refusal", "tls_context", "tls_failure"]
 
 #: How long :func:`read_refusal` waits for the broker's alert after the handshake, in seconds.
 #: A broker refuses a client certificate as soon as it has checked it, in milliseconds; one that
@@ -102,6 +102,20 @@ def tls_context(url: str) -> ssl.SSLContext | None:
         context.verify_mode = ssl.CERT_NONE
     context.server_name = query.get("server_name_indication") or None
     return context
+
+
+def describe_tls(url: str) -> str:
+    """What :func:`tls_context` makes of ``url``, in words (for ``check``)."""
+    query = URL(url).query
+    if URL(url).scheme != "amqps":
+        return "no TLS (amqp://)"
+    if query.get("no_verify_ssl", "0") != "0":
+        return "TLS, nothing verified (no_verify_ssl)"
+    given = [name for name in ("cafile", "capath", "cadata") if query.get(name)]
+    cas = f"the CAs of {' and '.join(given)}" if given else "the system's CAs"
+    name = query.get("server_name_indication") or URL(url).host
+    client = ", a client certificate (mutual TLS)" if query.get("certfile") else ""
+    return f"TLS, the broker's certificate checked against {cas}, for the name {name}{client}"
 
 
 def _cadata(value: str | None) -> bytes | None:
