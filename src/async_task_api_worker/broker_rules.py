@@ -99,7 +99,9 @@ def split_broker_urls(value: str) -> tuple[str, ...]:
                 raise ValueError(f"{which} has ?{other}=, which this client reads as ?{ours}=")
         tls = [name for name in TLS_QUERY_OPTIONS if name in options]
         if tls and parts.scheme != "amqps":
-            raise ValueError(f"{which} gives TLS options ({', '.join(tls)}) to amqp://: amqps://?")
+            raise ValueError(
+                f"{which} gives TLS options ({', '.join(tls)}) but is amqp://: use amqps://"
+            )
     return urls
 
 

@@ -128,9 +128,7 @@ def test_a_worker_serves_over_tls(
 @pytest.mark.parametrize(
     ("host", "options", "said"),
     [
-        pytest.param(
-            "localhost", {}, "the broker's certificate is not trusted (", id="system-cas"
-        ),
+        pytest.param("localhost", {}, "the broker's certificate is not trusted (", id="system-cas"),
         pytest.param(
             "localhost",
             {"cafile": "other_ca"},

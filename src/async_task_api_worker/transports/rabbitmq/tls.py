@@ -129,8 +129,8 @@ def _cadata(value: str | None) -> bytes | None:
 
 def _why(exc: BaseException) -> str:
     """A file's failure in words: ``cannot be read (No such file or directory)``."""
-    if isinstance(exc, ssl.SSLError):
-        return f"holds no usable certificate or key ({exc.reason or exc.strerror})"
+    if isinstance(exc, ssl.SSLError):  # OpenSSL's reason, when it gives one (not "PEM lib")
+        return "holds no usable certificate or key" + (f" ({exc.reason})" if exc.reason else "")
     if isinstance(exc, OSError):
         return f"cannot be read ({exc.strerror or type(exc).__name__})"
     return f"holds no usable certificate ({exc})"

@@ -211,7 +211,7 @@ def test_a_file_that_holds_no_certificate_says_so(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("url", "message"),
     [
-        ("amqp://h/?cafile=/ca.pem", "gives TLS options (cafile) to amqp://: amqps://?"),
+        ("amqp://h/?cafile=/ca.pem", "gives TLS options (cafile) but is amqp://: use amqps://"),
         ("amqps://h/?cacertfile=/ca.pem", "has ?cacertfile=, which this client reads as ?cafile="),
         ("amqps://h/?verify=verify_peer", "has ?verify=, which this client reads as"),
     ],
