@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from async_task_api_worker.settings import WorkerSettings
 
 __all__ = [
+    "AMQP_PORTS",
     "CANCEL_GRACE_S",
     "RABBITMQ_4_3",
     "PLACED_CONFIRM_WAIT_S",
@@ -41,7 +42,7 @@ __all__ = [
 SILENT_HEARTBEATS_TO_DEAD: Final = 2
 
 #: The schemes ``BROKER_URL`` accepts, and their default ports.
-_AMQP_PORTS: Final = {"amqp": 5672, "amqps": 5671}
+AMQP_PORTS: Final = {"amqp": 5672, "amqps": 5671}
 #: The TLS options of an ``amqps://`` URL (``transports.rabbitmq.tls.tls_context``): aiormq's
 #: names, and RabbitMQ's URI query parameter for the server name (docs/tls.md).
 TLS_QUERY_OPTIONS: Final = (
@@ -87,7 +88,7 @@ def split_broker_urls(value: str) -> tuple[str, ...]:
             ) from None
         if any(character.isspace() for character in url):
             raise ValueError(f"{which} holds white space (separate several URLs with commas)")
-        if parts.scheme not in _AMQP_PORTS:
+        if parts.scheme not in AMQP_PORTS:
             raise ValueError(f"{which} must be an amqp:// or amqps:// URL")
         if not parts.hostname:
             raise ValueError(f"{which} names no host")

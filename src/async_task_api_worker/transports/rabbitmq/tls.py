@@ -30,6 +30,7 @@ from typing import Final
 
 from yarl import URL
 
+from async_task_api_worker.broker_rules import AMQP_PORTS
 from async_task_api_worker.errors import SettingsError
 from async_task_api_worker.transports.rabbitmq.failures import closed_by_broker, tls_refusal
 
@@ -164,7 +165,8 @@ async def read_refusal(url: str, context: ssl.SSLContext, wait_s: float) -> Base
     writer: asyncio.StreamWriter | None = None
     try:
         async with asyncio.timeout(wait_s):
-            reader, writer = await asyncio.open_connection(parsed.host, parsed.port, ssl=context)
+            port = parsed.explicit_port or AMQP_PORTS["amqps"]  # yarl knows none for amqps
+            reader, writer = await asyncio.open_connection(parsed.host, port, ssl=context)
             await reader.read(1)
     except TimeoutError:
         return None

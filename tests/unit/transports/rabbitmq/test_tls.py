@@ -11,6 +11,7 @@ import asyncio
 import base64
 import socket
 import ssl
+import threading
 from pathlib import Path
 
 import aiormq
@@ -24,7 +25,7 @@ from async_task_api_worker.transports.rabbitmq.failures import (
     connect_failure,
     tls_refusal,
 )
-from async_task_api_worker.transports.rabbitmq.tls import tls_context
+from async_task_api_worker.transports.rabbitmq.tls import tls_context, tls_failure
 
 HOST = "broker.test"
 
@@ -253,3 +254,45 @@ def test_a_looping_chain_of_causes_ends() -> None:
     first.__context__, second.__context__ = second, first  # aiormq's chains do loop
     assert connect_failure(first) == "ConnectionError"
     assert tls_refusal(first) is None
+
+
+def _tls_listener(server: ssl.SSLContext, connections: int) -> tuple[int, threading.Thread]:
+    """A blocking TLS server that shakes hands ``connections`` times, then sends nothing.
+
+    OpenSSL's own server writes its alert to the socket when it refuses a client certificate,
+    as RabbitMQ's does (asyncio's drops the connection without it).
+    """
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        with listener:
+            for _ in range(connections):
+                raw, _address = listener.accept()
+                with raw:
+                    try:
+                        with server.wrap_socket(raw, server_side=True) as tls:
+                            tls.recv(1)  # the client sends nothing: it closes first
+                    except (ssl.SSLError, OSError):
+                        pass  # refused: the alert is sent
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    return listener.getsockname()[1], thread
+
+
+async def test_a_reset_after_the_handshake_is_asked_again_for_the_brokers_alert(
+    ca: trustme.CA, files: dict[str, Path]
+) -> None:
+    """TLS 1.3: the refusal of a client certificate comes after the client's handshake."""
+    port, serving = _tls_listener(_server(ca, client_certificate=True), connections=2)
+    reset = aiormq.exceptions.AMQPConnectionError("Server connection reset: ...")
+    reset.__cause__ = ConnectionResetError(104, "Connection reset by peer")
+    url = f"amqps://127.0.0.1:{port}/?cafile={files['ca']}&server_name_indication={HOST}"
+    why = await tls_failure(reset, url, tls_context(url), None)
+    assert why is not None
+    assert why.startswith("the broker refused the connection without a client certificate")
+    accepting = f"{url}&certfile={files['client']}"
+    # Accepted: the server waits in silence, as RabbitMQ does for the AMQP header; retried.
+    assert await tls_failure(reset, accepting, tls_context(accepting), 0.5) is None
+    assert await tls_failure(reset, "amqp://127.0.0.1/", None, None) is None  # no TLS: no probe
+    await asyncio.to_thread(serving.join)
