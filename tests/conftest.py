@@ -44,6 +44,8 @@ XDIST_GROUPS = {
     "tests/conformance/test_kit_on_rabbitmq.py": "conformance-kit",
     # Node boots and a three-node cluster: heavy for two cores.
     "tests/integration/test_rabbitmq_nodes.py": "rabbitmq-nodes",
+    # Its module fixture starts one TLS node for all its cases (one per worker otherwise).
+    "tests/integration/test_tls_on_rabbitmq.py": "tls",
     # One npm ci (a session fixture) for all of them, not one per worker.
     "tests/js/": "js-tools",
     # One build of the site for the strict check and the browser's pages.

@@ -20,10 +20,12 @@ if TYPE_CHECKING:
     from async_task_api_worker.settings import WorkerSettings
 
 __all__ = [
+    "AMQP_PORTS",
     "CANCEL_GRACE_S",
     "RABBITMQ_4_3",
     "PLACED_CONFIRM_WAIT_S",
     "SILENT_HEARTBEATS_TO_DEAD",
+    "TLS_QUERY_OPTIONS",
     "check_time_budget",
     "consumer_timeout_s",
     "delivery_budget_s",
@@ -40,13 +42,28 @@ __all__ = [
 SILENT_HEARTBEATS_TO_DEAD: Final = 2
 
 #: The schemes ``BROKER_URL`` accepts, and their default ports.
-_AMQP_PORTS: Final = {"amqp": 5672, "amqps": 5671}
+AMQP_PORTS: Final = {"amqp": 5672, "amqps": 5671}
+#: The TLS options of an ``amqps://`` URL (``transports.rabbitmq.tls.tls_context``): aiormq's
+#: names, and RabbitMQ's URI query parameter for the server name (docs/tls.md).
+TLS_QUERY_OPTIONS: Final = (
+    "cafile",
+    "capath",
+    "cadata",
+    "certfile",
+    "keyfile",
+    "no_verify_ssl",
+    "server_name_indication",
+)
+#: The Erlang client's names of TLS options, which this client does not read, and its own.
+_OTHER_CLIENTS_OPTIONS: Final = {"cacertfile": "cafile", "verify": "no_verify_ssl"}
 
 
 def split_broker_urls(value: str) -> tuple[str, ...]:
     """Split ``BROKER_URL`` at its commas and check each URL.
 
-    Rule: each is ``amqp://`` or ``amqps://``, names a host, and any port is in 1..65535.
+    Rule: each is ``amqp://`` or ``amqps://``, names a host, and any port is in 1..65535;
+    only an ``amqps://`` URL takes TLS options (:data:`TLS_QUERY_OPTIONS`), under this
+    client's names (``cafile``, not the Erlang client's ``cacertfile``).
 
     Returns:
         The URLs, stripped of surrounding white space, in the order given.
@@ -54,7 +71,7 @@ def split_broker_urls(value: str) -> tuple[str, ...]:
     Raises:
         ValueError: a URL breaks the rule; the message names its position, never its text.
     """
-    from urllib.parse import urlsplit
+    from urllib.parse import parse_qs, urlsplit
 
     urls = tuple(part.strip() for part in value.split(","))
     for position, url in enumerate(urls, start=1):
@@ -71,12 +88,21 @@ def split_broker_urls(value: str) -> tuple[str, ...]:
             ) from None
         if any(character.isspace() for character in url):
             raise ValueError(f"{which} holds white space (separate several URLs with commas)")
-        if parts.scheme not in _AMQP_PORTS:
+        if parts.scheme not in AMQP_PORTS:
             raise ValueError(f"{which} must be an amqp:// or amqps:// URL")
         if not parts.hostname:
             raise ValueError(f"{which} names no host")
         if port == 0:
             raise ValueError(f"{which} has a port out of 1..65535")
+        options = parse_qs(parts.query, keep_blank_values=True)
+        for other, ours in _OTHER_CLIENTS_OPTIONS.items():
+            if other in options:
+                raise ValueError(f"{which} has ?{other}=, which this client reads as ?{ours}=")
+        tls = [name for name in TLS_QUERY_OPTIONS if name in options]
+        if tls and parts.scheme != "amqps":
+            raise ValueError(
+                f"{which} gives TLS options ({', '.join(tls)}) but is amqp://: use amqps://"
+            )
     return urls
 
 

@@ -148,7 +148,8 @@ class WorkerSettings(BaseSettings):
     """``sqs-sfn``: the SQS long poll, in whole seconds (how long an idle stop may wait)."""
     broker_url: SecretStr = SecretStr("amqp://guest:guest@localhost:5672/")
     """AMQP URL of the broker (``amqp://user:password@host:5672/vhost``), or several separated
-    by commas (the nodes of a cluster, tried in turn); passwords are never logged."""
+    by commas (the nodes of a cluster, tried in turn); passwords are never logged. ``amqps://``
+    for TLS, its CA, client certificate and server name as query options (docs/tls.md)."""
     broker_heartbeat_s: Annotated[int, Field(ge=1, le=600)] = 15
     """AMQP heartbeat timeout asked of the broker, in whole seconds (a URL's own
     ``?heartbeat=`` wins). The worker takes a connection for dead after two of them without a

@@ -84,7 +84,7 @@ def test_a_lost_broker_logs_one_line_per_reconnect_attempt(
         env = queues.env(BROKER_URL=queues.url.replace(f":{BROKER_PORT}/", f":{proxy.port}/"))
         worker = start_worker(TARGET, env)
     # The proxy is gone, its port closed: every reconnect attempt is refused.
-    reconnecting = "(count-words worker) closed (AMQPConnectionError); reconnecting"
+    reconnecting = "(count-words worker) closed (connection refused); reconnecting"
     wait_for(lambda: worker.stdout().count(reconnecting) >= 3, what="three reconnect attempts")
     worker.stop()
     lines = json_lines(worker)

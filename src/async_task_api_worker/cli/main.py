@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import sys
 from collections.abc import Mapping, Sequence
 
@@ -17,6 +19,9 @@ PROG = "async-task-api-worker"
 
 #: The shell's convention for a process ended by SIGINT (128 + 2).
 INTERRUPTED = 130
+#: The shell's convention for a process ended by SIGPIPE (128 + 13): its reader went away
+#: (``... | head``). Python ignores SIGPIPE and raises BrokenPipeError instead.
+CLOSED_STDOUT = 128 + signal.SIGPIPE
 
 
 def _add_setting_flags(
@@ -206,7 +211,34 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; returns the process exit code."""
+    """Run the command line; returns the process exit code.
+
+    A closed stdout (``check ... | head -2``) stops any command quietly with
+    :data:`CLOSED_STDOUT`, as SIGPIPE would: the Python documentation's recipe (``signal``,
+    "Note on SIGPIPE"). stdout is flushed here, where the error can be caught, not at the
+    interpreter's exit, where it would only be printed.
+    """
+    try:
+        code = _command(argv)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        _discard_stdout()
+        return CLOSED_STDOUT
+    return code
+
+
+def _discard_stdout() -> None:
+    """Point stdout's descriptor at /dev/null: what is left in its buffer goes there at exit."""
+    try:
+        descriptor = sys.stdout.fileno()
+    except (OSError, ValueError):  # a stdout with no descriptor (replaced by a test)
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, descriptor)
+    os.close(devnull)
+
+
+def _command(argv: Sequence[str] | None) -> int:
     arguments = _parser().parse_args(argv)
     flags = _setting_flags(arguments)
     try:

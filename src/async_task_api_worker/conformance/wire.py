@@ -49,6 +49,7 @@ from async_task_api_worker.transports.rabbitmq.failures import (
     is_refusal,
     refused,
 )
+from async_task_api_worker.transports.rabbitmq.tls import tls_context, tls_failure
 from async_task_api_worker.transports.rabbitmq.topology import queue_type
 
 __all__ = ["BORROW_PRIORITY", "Seen", "Wire"]
@@ -103,17 +104,24 @@ class Wire:
         """Connect, check that both queues exist and that a worker consumes the input queue.
 
         Raises:
-            ConnectionError: the broker cannot be reached, or refused the credentials or the
-                vhost (the SDK's words for a refusal, ``transports.rabbitmq.failures.refused``).
+            ConnectionError: the broker cannot be reached, or refused the credentials, the vhost
+                or the TLS handshake (the SDK's words for a refusal, ``failures.refused``, and
+                for a TLS failure, ``tls.tls_failure``).
+            SettingsError: an ``amqps://`` URL's TLS files cannot be used.
             LookupError: within ``timeout_s``, a queue did not come to exist, or nothing came
                 to consume the input queue.
         """
+        context = tls_context(url)  # the worker's own TLS rule (docs/tls.md)
         try:
-            connection = await asyncio.wait_for(aio_pika.connect(url), timeout_s)
+            connection = await asyncio.wait_for(
+                aio_pika.connect(url, ssl_context=context), timeout_s
+            )
         except Exception as exc:
             if is_refusal(exc):
                 raise ConnectionError(str(refused(exc, redact_url(url)))) from exc
-            raise ConnectionError(f"cannot connect to the broker ({connect_failure(exc)})") from exc
+            why = await tls_failure(exc, url, context, timeout_s)
+            cause = f"TLS: {why}" if why is not None else connect_failure(exc)
+            raise ConnectionError(f"cannot connect to the broker ({cause})") from exc
         wire = cls(connection, in_queue, out_queue, timeout_s)
         try:
             await wire._start()

@@ -23,6 +23,7 @@ The tree::
         ├── SettingsError          an invalid setting (the CLI exits 2)
         │   └── TimeBudgetError    the task timeout does not fit under the consumer timeout
         ├── BrokerRefusedError     the broker refused the credentials, vhost or a queue (exit 2)
+        │   └── BrokerTLSError     an untrusted or mismatched certificate, a refused client one
         ├── TargetError            ``module:attribute`` does not name a loadable Worker
         ├── InvalidErrorCodeError  a FatalError / RetryableError code outside the code rule
         └── DefinitionError (TypeError)   a mistake in a Worker definition
@@ -50,6 +51,7 @@ from __future__ import annotations
 
 from async_task_api_worker.errors.config import (
     BrokerRefusedError,
+    BrokerTLSError,
     ConfigError,
     ContextParameterError,
     DefinitionError,
@@ -103,6 +105,7 @@ from async_task_api_worker.errors.task import (
 __all__ = [
     "AsyncTaskWorkerError",
     "BrokerRefusedError",
+    "BrokerTLSError",
     "BrokerUnavailableError",
     "CancelDecodeError",
     "ConfigError",

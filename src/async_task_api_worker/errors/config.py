@@ -10,6 +10,7 @@ from async_task_api_worker.errors.root import AsyncTaskWorkerError
 
 __all__ = [
     "BrokerRefusedError",
+    "BrokerTLSError",
     "ConfigError",
     "ContextParameterError",
     "DefinitionError",
@@ -52,6 +53,15 @@ class BrokerRefusedError(ConfigError):
     """The broker refused us: wrong credentials, no access to the vhost, or to one of its queues.
 
     Retrying cannot help, so the worker exits 2 at once instead of reconnecting forever.
+    """
+
+
+class BrokerTLSError(BrokerRefusedError):
+    """The TLS handshake with the broker failed for a reason no retry can fix.
+
+    The broker's certificate is not trusted (unknown CA, self-signed), does not match the host
+    name, or the broker refused the client certificate (none given, or one it does not trust):
+    the worker exits 2 with one line saying which (docs/tls.md).
     """
 
 

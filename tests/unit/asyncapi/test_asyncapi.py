@@ -15,6 +15,7 @@ import pytest
 from async_task_api_worker import Worker
 from async_task_api_worker.asyncapi import asyncapi_document
 from async_task_api_worker.cli import main
+from async_task_api_worker.cli.main import CLOSED_STDOUT
 from async_task_api_worker.errors import ConfigError, NoTaskError
 from async_task_api_worker.protocol.cancel import encode_cancel
 from async_task_api_worker.protocol.codes import RESERVED_ERROR_CODES, ErrorCode
@@ -458,9 +459,9 @@ class ClosedPipe(io.StringIO):
         raise BrokenPipeError
 
 
-def test_a_closed_stdout_exits_1(at_repo: pytest.MonkeyPatch) -> None:
+def test_a_closed_stdout_exits_as_sigpipe_would(at_repo: pytest.MonkeyPatch) -> None:
     at_repo.setattr(sys, "stdout", ClosedPipe())
-    assert main(["asyncapi", "examples.count_words:worker"]) == 1
+    assert main(["asyncapi", "examples.count_words:worker"]) == CLOSED_STDOUT
 
 
 def test_the_draft_07_rewrite_makes_a_const_that_is_not_a_string_an_enum() -> None:

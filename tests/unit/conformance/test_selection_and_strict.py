@@ -186,8 +186,5 @@ def test_a_closed_port_is_one_line_and_the_client_loggers_are_left_as_they_were(
     url = "amqp://guest:guest@127.0.0.1:1/"  # port 1: nothing listens there
     assert main(["conformance", "--service", "svc", "--broker-url", url]) == 1
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == [
-        "async-task-api-worker: cannot connect to the broker "
-        "(AMQPConnectionError: Connection refused)"
-    ]
+    assert err == ["async-task-api-worker: cannot connect to the broker (connection refused)"]
     assert [logging.getLogger(name).level for name in ("aiormq", "aio_pika")] == before

@@ -8,9 +8,7 @@ bad target or setting, or 1 when stdout is closed before the document is written
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import sys
 
 from async_task_api_worker.asyncapi import asyncapi_document
@@ -28,7 +26,7 @@ def asyncapi_command(target: str) -> int:
         target: ``my_module:worker``.
 
     Returns:
-        The exit code: 0, or 1 when stdout was closed.
+        The exit code: 0.
 
     Raises:
         ConfigError: the target, its definition or a setting is wrong, or the task's models
@@ -37,12 +35,5 @@ def asyncapi_command(target: str) -> int:
     settings = load_settings()
     worker = load_target(target, settings, stream=sys.stderr)  # stdout is the document
     text = json.dumps(asyncapi_document(worker, settings), indent=2, ensure_ascii=False)
-    try:
-        sys.stdout.write(text + "\n")
-        sys.stdout.flush()
-    except BrokenPipeError:
-        # `asyncapi ... | head`: the reader is gone; keep the final flush off the dead pipe.
-        with contextlib.suppress(OSError, ValueError):
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return ExitCode.FAILURE
+    sys.stdout.write(text + "\n")  # a closed stdout: cli.main stops quietly
     return ExitCode.OK

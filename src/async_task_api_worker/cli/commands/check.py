@@ -27,6 +27,7 @@ from async_task_api_worker.settings import (
     describe_time_budget,
     load_settings,
 )
+from async_task_api_worker.transports.rabbitmq.tls import describe_tls
 
 __all__ = ["check_command"]
 
@@ -116,6 +117,9 @@ def _print_rabbitmq(settings: WorkerSettings, timeout_s: float) -> None:
         f"{settings.broker_heartbeat_s} s (a connection silent for "
         f"{SILENT_HEARTBEATS_TO_DEAD * settings.broker_heartbeat_s} s is taken for dead)"
     )
+    for position, url in enumerate(urls, start=1):
+        which = f"URL {position}" if len(urls) > 1 else "the URL"
+        print(f"  {which}: {describe_tls(url)}")
     print(f"time budget: {describe_time_budget(settings, timeout_s)}")
     own_s = consumer_timeout_s(settings, timeout_s)
     print(

@@ -6,8 +6,11 @@ import asyncio
 import os
 import re
 import shlex
+import socket
+import ssl
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
+from typing import Final
 
 import aiormq
 from aio_pika.exceptions import ChannelInvalidStateError
@@ -22,6 +25,7 @@ from async_task_api_worker.errors import (
 
 __all__ = [
     "CHANNEL_GONE",
+    "closed_by_broker",
     "connect_failure",
     "is_refusal",
     "publish_errors",
@@ -29,6 +33,7 @@ __all__ = [
     "settle_errors",
     "setup_error",
     "size_limit_of",
+    "tls_refusal",
 ]
 
 #: What a broker operation can raise when the connection or channel is gone or the broker says
@@ -60,20 +65,130 @@ _LOGIN_REFUSALS = (
 
 
 def connect_failure(exc: BaseException) -> str:
-    """What a failed connect says in a log line: the exception's type, and the system's reason.
+    """Why a connect failed, in a few words for a log line: the cause, not the wrapper's type.
 
-    aiormq wraps the socket's error (``AMQPConnectionError`` around ``ConnectionRefusedError``),
-    whose ``errno`` says why (``Connection refused``, ``Name or service not known``); an exception
-    with no such cause is its type alone.
+    aiormq wraps the socket's error in ``AMQPConnectionError`` (``raise ... from`` the
+    ``OSError``, or the TLS error); the cause says what happened: ``name not resolved: Name or
+    service not known``, ``connection refused``, ``timed out``, ``connection reset by the
+    broker``, ``TLS: ...`` (:func:`tls_refusal`'s words when no retry can help). Anything else
+    is named by its type.
     """
-    seen: BaseException | None = exc
-    while seen is not None:
-        if isinstance(seen, OSError) and isinstance(seen.errno, int) and seen.errno:
-            # A resolver's error (socket.gaierror) has a negative errno and its own words.
-            why = os.strerror(seen.errno) if seen.errno > 0 else seen.strerror
-            return f"{type(exc).__name__}: {why}"
-        seen = seen.__cause__ or seen.__context__
+    why = tls_refusal(exc)
+    if why is not None:
+        return f"TLS: {why}"
+    for seen in _causes(exc):
+        if isinstance(seen, socket.gaierror):
+            return f"name not resolved: {seen.strerror}"
+        if isinstance(seen, ssl.SSLError):
+            return f"TLS: {_alert_words(seen)}"
+        if isinstance(seen, ConnectionRefusedError):
+            return "connection refused"
+        if isinstance(seen, ConnectionResetError | BrokenPipeError | asyncio.IncompleteReadError):
+            return "connection reset by the broker"
+        if isinstance(seen, TimeoutError):  # asyncio's wait, or the system's ETIMEDOUT
+            return "timed out"
+        if isinstance(seen, aiormq.exceptions.IncompatibleProtocolError):
+            return "the broker closed the connection before AMQP began"
+    for seen in _causes(exc):  # no cause of those kinds: the system's words for its errno
+        if isinstance(seen, OSError) and isinstance(seen.errno, int) and seen.errno > 0:
+            return os.strerror(seen.errno)
     return type(exc).__name__
+
+
+#: OpenSSL's verify codes of a certificate that does not carry the name connected to
+#: (X509_V_ERR_HOSTNAME_MISMATCH, X509_V_ERR_IP_ADDRESS_MISMATCH).
+_NAME_MISMATCH: Final = frozenset({62, 64})
+#: The alerts (OpenSSL's reasons) a broker sends about the client's certificate.
+_CLIENT_CERTIFICATE_ALERTS: Final = frozenset(
+    {
+        "TLSV1_ALERT_UNKNOWN_CA",
+        "TLSV1_ALERT_ACCESS_DENIED",
+        "SSLV3_ALERT_BAD_CERTIFICATE",
+        "SSLV3_ALERT_CERTIFICATE_UNKNOWN",
+        "SSLV3_ALERT_CERTIFICATE_EXPIRED",
+        "SSLV3_ALERT_CERTIFICATE_REVOKED",
+        "SSLV3_ALERT_UNSUPPORTED_CERTIFICATE",
+    }
+)
+#: The alerts of a handshake the two sides cannot agree on, whatever the retries.
+_HANDSHAKE_REFUSALS: Final = frozenset(
+    {
+        "SSLV3_ALERT_HANDSHAKE_FAILURE",
+        "TLSV1_ALERT_PROTOCOL_VERSION",
+        "TLSV1_ALERT_INSUFFICIENT_SECURITY",
+        "UNSUPPORTED_PROTOCOL",
+        "NO_PROTOCOLS_AVAILABLE",
+    }
+)
+
+
+def tls_refusal(exc: BaseException | None) -> str | None:
+    """The TLS failure of a connect that no retry can fix, in words; ``None`` for any other.
+
+    Which: the broker's certificate is not trusted (an unknown CA, self-signed, expired), does
+    not carry the name connected to, the broker refused the client certificate (none given
+    where it requires one, or one it does not trust), the two sides share no TLS version or
+    cipher, or the port does not speak TLS. The words end with what to change (docs/tls.md).
+    """
+    for seen in _causes(exc):
+        if isinstance(seen, ssl.SSLCertVerificationError):
+            detail = seen.verify_message or seen.reason
+            if seen.verify_code in _NAME_MISMATCH:
+                return (
+                    f"the broker's certificate does not match the host name ({detail}): connect "
+                    "to a name the certificate carries, or give that name with "
+                    "?server_name_indication="
+                )
+            return (
+                f"the broker's certificate is not trusted ({detail}): give the CA that signed "
+                "it with ?cafile="
+            )
+        if not isinstance(seen, ssl.SSLError):
+            continue
+        reason = seen.reason or ""
+        if reason == "TLSV13_ALERT_CERTIFICATE_REQUIRED":
+            return (
+                "the broker refused the connection without a client certificate (mutual TLS): "
+                "give one with ?certfile=&keyfile="
+            )
+        if reason in _CLIENT_CERTIFICATE_ALERTS:
+            return (
+                f"the broker refused the client certificate ({_alert_words(seen)}): give one "
+                "signed by a CA the broker trusts (?certfile=&keyfile=)"
+            )
+        if reason in _HANDSHAKE_REFUSALS:
+            return (
+                f"the broker refused the TLS handshake ({_alert_words(seen)}): no TLS version "
+                "or cipher in common, or it requires a client certificate (?certfile=&keyfile=)"
+            )
+        if reason == "WRONG_VERSION_NUMBER":
+            return (
+                "the port does not speak TLS (an amqps:// URL to a plain AMQP port?): use the "
+                "broker's TLS port (5671 by default) or amqp://"
+            )
+    return None
+
+
+def closed_by_broker(exc: BaseException) -> bool:
+    """Whether the broker reset or closed the connection (after a TLS handshake: see tls.py)."""
+    return any(
+        isinstance(seen, ConnectionResetError | BrokenPipeError | asyncio.IncompleteReadError)
+        for seen in _causes(exc)
+    )
+
+
+def _alert_words(exc: ssl.SSLError) -> str:
+    """OpenSSL's reason in words: ``TLSV1_ALERT_UNKNOWN_CA`` is ``tlsv1 alert unknown ca``."""
+    return (exc.reason or type(exc).__name__).lower().replace("_", " ")
+
+
+def _causes(exc: BaseException | None) -> Iterator[BaseException]:
+    """``exc``, then its causes (``__cause__``, else ``__context__``), each once (they loop)."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        yield exc
+        exc = exc.__cause__ or exc.__context__
 
 
 def is_refusal(exc: BaseException) -> bool:

@@ -32,10 +32,11 @@ import aio_pika
 from aio_pika.abc import AbstractRobustConnection
 from yarl import URL
 
-from async_task_api_worker.errors import BrokerUnavailableError
+from async_task_api_worker.errors import BrokerTLSError, BrokerUnavailableError
 from async_task_api_worker.observability.redaction import redact_url
 from async_task_api_worker.settings import SILENT_HEARTBEATS_TO_DEAD
 from async_task_api_worker.transports.rabbitmq.failures import connect_failure, is_refusal, refused
+from async_task_api_worker.transports.rabbitmq.tls import tls_context, tls_failure
 
 __all__ = ["ATTEMPT_TIMEOUT_S", "BrokerLink"]
 
@@ -67,6 +68,9 @@ class BrokerLink:
         name: the connection's name, shown by the broker (``rabbitmqctl list_connections``).
         connect_timeout_s: give up connecting after this many seconds (``None``: never).
         reconnect_interval_s: aio-pika's wait between two reconnection attempts, in seconds.
+
+    Raises:
+        SettingsError: an ``amqps://`` URL's TLS files cannot be used (``tls.tls_context``).
     """
 
     def __init__(
@@ -82,6 +86,7 @@ class BrokerLink:
             raise ValueError("no broker URL")
         self._urls = tuple(with_heartbeat(url, heartbeat_s) for url in urls)
         self._urls_for_logs = tuple(redact_url(url) for url in urls)
+        self._contexts = tuple(tls_context(url) for url in urls)
         self._heartbeat_s = float(heartbeat_s)
         self._name = name
         self._connect_timeout_s = connect_timeout_s
@@ -168,8 +173,13 @@ class BrokerLink:
     async def open(self) -> AbstractRobustConnection:
         """Connect to the first URL that answers, trying them in turn with a backoff.
 
+        A failure no retry can fix ends it at once: a refusal of the credentials or the vhost,
+        or of the TLS handshake (``tls.tls_failure``). Anything else is retried, one warning
+        per round naming each URL's cause (``failures.connect_failure``).
+
         Raises:
             BrokerRefusedError: a broker refused the credentials or the vhost.
+            BrokerTLSError: the TLS handshake failed for a reason no retry can fix.
             BrokerUnavailableError: no URL answered within ``connect_timeout_s``.
         """
         loop = asyncio.get_running_loop()
@@ -190,12 +200,17 @@ class BrokerLink:
                         reconnect_interval=self._reconnect_interval_s,
                         client_properties={"connection_name": self._name},
                         timeout=min(ATTEMPT_TIMEOUT_S, remaining or ATTEMPT_TIMEOUT_S),
+                        ssl_context=self._contexts[self._index],
                     )
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:
                     if is_refusal(exc):
                         raise refused(exc, self.url_for_logs) from exc
+                    context = self._contexts[self._index]
+                    why = await tls_failure(exc, self._urls[self._index], context, remaining)
+                    if why is not None:
+                        raise BrokerTLSError(f"TLS with {self.url_for_logs} failed: {why}") from exc
                     failures.append(f"{self.url_for_logs} ({connect_failure(exc)})")
                     last_of[self._index] = failures[-1]
                     self._index = (self._index + 1) % len(self._urls)
@@ -244,7 +259,7 @@ class BrokerLink:
             "The connection to %s (%s) closed (%s); reconnecting to %s",
             lost,
             self._name,
-            type(exc).__name__ if exc else "closed",
+            connect_failure(exc) if exc else "closed",
             self.url_for_logs,
         )
 
@@ -252,8 +267,10 @@ class BrokerLink:
         self._index = (self._index + 1) % len(self._urls)
         connection = self._connection
         if connection is not None:
-            # aio-pika reads its URL on each attempt (Connection.connect).
+            # aio-pika reads its URL and its keyword arguments on each attempt (Connection.connect).
             connection.url = URL(self._urls[self._index])  # type: ignore[attr-defined]
+            if isinstance(connection.kwargs, dict):
+                connection.kwargs["context"] = self._contexts[self._index]
         if log:
             _logger.warning(
                 "Still not connected (%s); trying %s (URL %d of %d) next",

@@ -51,9 +51,13 @@ def test_a_queue_refusal_is_refused_and_any_other_set_up_failure_a_transport_err
     assert str(other) == "could not set up the queues: ChannelNotFoundEntity"
 
 
-def test_a_failed_connect_says_the_systems_reason_beside_the_exceptions_type() -> None:
+def test_a_failed_connect_says_its_cause_not_the_wrappers_type() -> None:
     refused_socket = ConnectionRefusedError(111, "Connection refused")
     wrapped = aiormq.exceptions.AMQPConnectionError(111, "Connect call failed")
     wrapped.__cause__ = refused_socket
-    assert connect_failure(wrapped) == "AMQPConnectionError: Connection refused"
-    assert connect_failure(TimeoutError()) == "TimeoutError"  # no reason of the system's
+    assert connect_failure(wrapped) == "connection refused"
+    assert connect_failure(TimeoutError()) == "timed out"
+    unreachable = aiormq.exceptions.AMQPConnectionError(113, "Connect call failed")
+    unreachable.__cause__ = OSError(113, "No route to host")
+    assert connect_failure(unreachable) == "No route to host"  # the system's words
+    assert connect_failure(ValueError("x")) == "ValueError"  # nothing better: its type
