@@ -106,18 +106,6 @@ def test_values_are_written_in_the_panels_unit(unit: str, value: float, text: st
     assert format_value(unit, value) == text
 
 
-def test_the_drawing_has_every_panel_in_the_dashboards_order(tmp_path: Path) -> None:
-    pytest.importorskip("matplotlib", reason="the bench group (uv sync --group bench)")
-    from bench.dashboard_draw import draw
-
-    panels = load_panels()
-    series = query_panels(panels, VARIABLES, fake_answers([]))
-    out = tmp_path / "dashboard.png"
-    drawn = draw(panels, series, out, title="t", caption="c", dpi=30)
-    assert drawn == [panel["title"] for panel in raw_panels()]
-    assert out.read_bytes().startswith(b"\x89PNG")
-
-
 def test_the_operations_page_shows_the_picture_and_how_to_make_it() -> None:
     page = (ROOT / "docs" / "operations.md").read_text()
     assert "](assets/dashboard.png)" in page
