@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from typing import IO
 
 from pydantic import BaseModel
 
@@ -31,14 +32,16 @@ def json_object(text: str, what: str) -> dict[str, object]:
     return value
 
 
-def readable(settings: WorkerSettings) -> WorkerSettings:
+def readable(settings: WorkerSettings, stream: IO[str] | None = None) -> WorkerSettings:
     """The settings of a command a person may read on a terminal (``run``, ``dev``, ``submit``...).
 
-    The one rule of the log format: on a terminal (stderr, where the commands log: stdout
-    carries their output) the lines are text, unless ``LOG_FORMAT`` (or ``--log-format``) says
+    The one rule of the log format: when the stream the command logs to is a terminal
+    (``stream``, default stderr, where most commands log: their stdout carries their output;
+    ``run`` logs to stdout) the lines are text, unless ``LOG_FORMAT`` (or ``--log-format``) says
     otherwise; elsewhere (a container's log collector, a pipe) JSON, the setting's default.
     """
-    if "log_format" not in settings.model_fields_set and sys.stderr.isatty():
+    stream = sys.stderr if stream is None else stream
+    if "log_format" not in settings.model_fields_set and stream.isatty():
         return settings.model_copy(update={"log_format": LogFormat.TEXT})
     return settings
 

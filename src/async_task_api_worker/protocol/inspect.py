@@ -62,7 +62,7 @@ MAX_INSPECT_BYTES: Final = 64 * 1024
 MAX_LISTED_TASKS: Final = 1000
 #: A consumer tag of the SDK's workers: ``atw/<host>/<pid>/<nonce>`` (AMQP allows 255 bytes).
 _TAG_PREFIX: Final = "atw"
-_MAX_HOST_CHARS: Final = 200
+_MAX_HOST_BYTES: Final = 200
 
 
 class InspectRequest(BaseModel):
@@ -227,7 +227,8 @@ def consumer_tag(host: str, pid: int, nonce: str) -> str:
     list_consumers``, the management UI) and let ``inspect`` name one that did not answer; the
     nonce keeps a tag from being used twice (a reconnect takes a new one).
     """
-    return f"{_TAG_PREFIX}/{host[:_MAX_HOST_CHARS]}/{pid}/{nonce}"
+    host = host.encode()[:_MAX_HOST_BYTES].decode("utf-8", "ignore")  # a shortstr: 255 bytes
+    return f"{_TAG_PREFIX}/{host}/{pid}/{nonce}"
 
 
 def tag_owner(tag: str) -> tuple[str, int] | None:

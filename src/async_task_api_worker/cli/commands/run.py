@@ -33,7 +33,7 @@ def run_command(target: str, *, flags: Mapping[str, str] | None = None) -> int:
         ConfigError: the target, its definition or a setting is wrong (the caller exits 2).
     """
     flags = dict(flags or {})
-    settings = readable(load_settings(flags))  # text on a terminal, as ``dev``
+    settings = readable(load_settings(flags), sys.stdout)  # it logs to stdout; text on a tty
     worker = load_target(target, settings)
     if settings.worker_processes > 1:
         from async_task_api_worker.runtime.processes import supervise
