@@ -170,7 +170,10 @@ def _purge(settings: WorkerSettings, service: str, *, yes: bool) -> int:
 
     if not yes:
         ready = asyncio.run(count())
-        answer = input(f"Purge the {ready} message(s) ready in {queue} (service {service})? [y/N] ")
+        # The question on stderr, the answer from stdin (the terminal): stdout has the result.
+        question = f"Purge the {ready} message(s) ready in {queue} (service {service})? [y/N] "
+        print(question, end="", file=sys.stderr, flush=True)
+        answer = sys.stdin.readline()
         if answer.strip().lower() not in ("y", "yes"):
             print("not purged", file=sys.stderr)
             return ExitCode.OK
