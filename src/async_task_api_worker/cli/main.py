@@ -57,7 +57,7 @@ def _setting_flags(arguments: argparse.Namespace) -> dict[str, str]:
     }
 
 
-def _add_operator_commands(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def _add_operator_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """``inspect``, ``purge`` and ``reports``: the operator's commands (docs/commands.md)."""
     inspect = commands.add_parser(
         "inspect",
