@@ -57,7 +57,7 @@ def test_a_worker_answers_with_what_it_runs_and_refuses_what_is_not_a_request(
 
 
 def test_the_table_groups_workers_by_host_and_names_the_silent_one() -> None:
-    found = Inspected(service="svc", queue="svc_queue_in", timeout_s=2.0, consumers=3)
+    found = Inspected(service="svc", queue="svc_queue_in", timeout_s=2.0, consumers=4)
     found.replies = [_reply("b", 7, []), _reply("a", 2, [("t-1", 1, 3.25)]), _reply("a", 1, [])]
     found.tags = [
         consumer_tag(host, pid, "n") for host, pid in (("a", 1), ("a", 2), ("b", 7), ("c", 9))
@@ -65,7 +65,7 @@ def test_the_table_groups_workers_by_host_and_names_the_silent_one() -> None:
     assert (found.missing, found.all_answered) == (1, False)
     lines = render_table(found).splitlines()
     assert lines[0] == (
-        "service svc: 3 worker process(es) answered within 2 s; svc_queue_in has 3 consumer(s)"
+        "service svc: 3 worker process(es) answered within 2 s; svc_queue_in has 4 consumer(s)"
     )
     assert lines[1].split() == ["HOST", "PID", "SDK", "CONCURRENCY", "UPTIME", "RUNNING"]
     assert lines[2].split()[:2] == ["a", "1"]
@@ -110,3 +110,13 @@ def test_a_usage_error_is_one_line_and_exits_2(
     assert main(arguments) == ExitCode.CONFIG
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and said in err
+
+
+def test_a_listing_from_another_broker_is_not_trusted() -> None:
+    # rabbitmqctl on PATH may speak to another broker than --broker-url's: its listing of the
+    # queue's consumers then differs from the count this broker gave, and names nobody.
+    found = Inspected(service="svc", queue="q", timeout_s=1.0, consumers=2, tags=[])
+    found.replies = [_reply("a", 1, [])]
+    assert (found.silent_tags, found.missing) == (None, 1)
+    assert "rabbitmqctl listed 0 consumer(s) of q where the broker counted 2" in render_table(found)
+    assert "is it this broker's" in json.loads(render_json(found))["not_named_because"]

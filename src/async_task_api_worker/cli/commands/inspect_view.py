@@ -48,11 +48,25 @@ class Inspected:
 
     @property
     def silent_tags(self) -> list[str] | None:
-        """The listed consumers that did not answer; ``None`` when the tags were not listed."""
-        if self.tags is None:
+        """The listed consumers that did not answer; ``None`` when no listing can be trusted.
+
+        A listing of another size than the broker's consumer count is not trusted: it may come
+        from another broker's ``rabbitmqctl`` (the one on PATH), or consumers came and went.
+        """
+        if self.tags is None or len(self.tags) != self.consumers:
             return None
         answered = self.answered_tags
         return [tag for tag in self.tags if tag not in answered]
+
+    @property
+    def unnamed_because(self) -> str:
+        """Why the silent consumers are not named (empty when they are)."""
+        if self.tags is not None and len(self.tags) != self.consumers:
+            return (
+                f"rabbitmqctl listed {len(self.tags)} consumer(s) of {self.queue} where the "
+                f"broker counted {self.consumers}: is it this broker's rabbitmqctl?"
+            )
+        return self.tags_missing
 
     @property
     def missing(self) -> int:
@@ -130,7 +144,7 @@ def _silence(found: Inspected) -> list[str]:
     elif found.missing:
         lines.append(
             f"NOT ANSWERING: {found.missing} consumer(s) of {found.queue}; they cannot be named "
-            f"without their consumer tags ({found.tags_missing}): list them with rabbitmqctl "
+            f"without their consumer tags ({found.unnamed_because}): list them with rabbitmqctl "
             f"list_consumers or the management UI, tags atw/<host>/<pid>/..."
         )
     return lines
@@ -157,7 +171,7 @@ def render_json(found: Inspected) -> str:
             for tag in silent
             for owner in [tag_owner(tag)]
         ],
-        "not_named_because": None if silent is not None else found.tags_missing,
+        "not_named_because": None if silent is not None else found.unnamed_because,
         "unreadable": found.unreadable,
     }
     return json.dumps(document, ensure_ascii=False)
