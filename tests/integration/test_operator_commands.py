@@ -95,6 +95,7 @@ def test_inspect_lists_the_live_workers_and_names_the_frozen_one_within_its_boun
         CONTROL_EXCHANGE_NAME=f"{ops.name}_control",
         BROKER_HEARTBEAT_S="120",
         ATW_TEST_MARKERS=str(markers),
+        WORKER_SHUTDOWN_GRACE_S="1",  # the hanging task is given back at the stop, at once
     )
     first, second = start_worker(HANGING, env), start_worker(HANGING, env)
     task_id = asyncio.run(started(ops, "hanging"))
