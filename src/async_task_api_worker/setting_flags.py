@@ -35,11 +35,30 @@ class SettingFlag:
         return self.field.upper()
 
 
-#: The settings people change by hand, as flags of ``run``, ``dev``, ``check`` and ``tick``,
-#: each on the commands where it means something (``dev`` and ``tick`` serve no probes and run
-#: one process; ``tick`` takes one delivery at a time). The one table: the parser adds these, an
+#: The settings people change by hand, as flags of ``run``, ``dev``, ``check`` and ``tick``
+#: (``--broker-url`` also of every command that connects), each on the commands where it means
+#: something (``dev`` connects to nothing; ``dev`` and ``tick`` serve no probes and run one
+#: process; ``tick`` takes one delivery at a time). The one table: the parser adds these, an
 #: error names the flag with its variable, docs/settings.md's table has them.
 SETTING_FLAGS: Final = (
+    SettingFlag(
+        "--broker-url",
+        "broker_url",
+        "URL",
+        "the broker's AMQP URL, or several separated by commas (a password here is seen by "
+        "anyone who lists processes: prefer BROKER_URL for one)",
+        (
+            "run",
+            "check",
+            "tick",
+            "submit",
+            "cancel",
+            "conformance",
+            "inspect",
+            "purge",
+            "reports",
+        ),
+    ),
     SettingFlag(
         "--processes",
         "worker_processes",

@@ -8,6 +8,8 @@ import signal
 import sys
 from collections.abc import Mapping, Sequence
 
+from pydantic import SecretStr
+
 from async_task_api_worker._version import __version__
 from async_task_api_worker.errors import ConfigError
 from async_task_api_worker.runtime.exit_codes import ExitCode, say_error
@@ -22,6 +24,8 @@ INTERRUPTED = 130
 #: The shell's convention for a process ended by SIGPIPE (128 + 13): its reader went away
 #: (``... | head``). Python ignores SIGPIPE and raises BrokenPipeError instead.
 CLOSED_STDOUT = 128 + signal.SIGPIPE
+#: The operator's commands (``cli.commands.operate``).
+OPERATOR_COMMANDS = frozenset({"inspect", "purge", "reports"})
 
 
 def _add_setting_flags(
@@ -37,7 +41,9 @@ def _add_setting_flags(
             continue
         default = (defaults or {}).get(setting.field)
         if default is None:
-            default = str(WorkerSettings.model_fields[setting.field].default)
+            value = WorkerSettings.model_fields[setting.field].default
+            # BROKER_URL's default (guest on localhost) is no secret: show it, not its mask.
+            default = value.get_secret_value() if isinstance(value, SecretStr) else str(value)
         parser.add_argument(
             setting.flag,
             dest=setting.field,
@@ -54,6 +60,48 @@ def _setting_flags(arguments: argparse.Namespace) -> dict[str, str]:
         for setting in SETTING_FLAGS
         if (value := getattr(arguments, setting.field, None)) is not None
     }
+
+
+def _add_operator_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``inspect``, ``purge`` and ``reports``: the operator's commands (docs/commands.md)."""
+    inspect = commands.add_parser(
+        "inspect",
+        help="list a service's live workers and the tasks each runs now, asked over its control "
+        "exchange; name the workers that do not answer in time",
+    )
+    inspect.add_argument("--service", required=True, help="the worker's service name")
+    inspect.add_argument(
+        "--timeout-s",
+        type=float,
+        default=2.0,
+        help="how long the workers have to answer, seconds; the command's whole run is bounded "
+        "by it (default 2)",
+    )
+    inspect.add_argument("--json", action="store_true", help="print one JSON object, for scripts")
+    inspect.add_argument(
+        "--rabbitmqctl",
+        default=None,
+        metavar="COMMAND",
+        help="the broker's rabbitmqctl, to name the consumers that did not answer (default: the "
+        "one on PATH; empty: count them only)",
+    )
+    _add_setting_flags(inspect, "inspect")
+    purge = commands.add_parser(
+        "purge", help="delete every message waiting in a service's input queue (asks first)"
+    )
+    purge.add_argument("--service", required=True, help="the worker's service name")
+    purge.add_argument("--yes", action="store_true", help="do not ask: purge at once")
+    _add_setting_flags(purge, "purge")
+    reports = commands.add_parser(
+        "reports",
+        help="print the reports waiting in a service's output queue, as JSON lines; CONSUMES "
+        "them (the API will not see them)",
+    )
+    reports.add_argument("--service", required=True, help="the worker's service name")
+    reports.add_argument(
+        "--follow", action="store_true", help="keep printing reports as they arrive, until Ctrl-C"
+    )
+    _add_setting_flags(reports, "reports")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -158,6 +206,7 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="give up (exit 1) after this many seconds without every terminal report",
     )
+    _add_setting_flags(submit, "submit")
     cancel = commands.add_parser(
         "cancel",
         help="ask a service's workers to cancel a task (its control exchange, "
@@ -166,15 +215,15 @@ def _parser() -> argparse.ArgumentParser:
     cancel.add_argument("task_id", metavar="TASK_ID", help="the task to cancel")
     cancel.add_argument("--service", required=True, help="the worker's service name")
     cancel.add_argument("--client-id", default="cli", help="the cancel request's client id")
+    _add_setting_flags(cancel, "cancel")
+    _add_operator_commands(commands)
     conformance = commands.add_parser(
         "conformance",
         help="check a running worker service of any language against the protocol, through "
         "the broker (docs/conformance.md)",
     )
     conformance.add_argument("--service", required=True, help="the worker's service name")
-    conformance.add_argument(
-        "--broker-url", default=None, help="the worker's broker (default: BROKER_URL's first)"
-    )
+    _add_setting_flags(conformance, "conformance")
     conformance.add_argument(
         "--only",
         default=None,
@@ -277,7 +326,7 @@ def _command(argv: Sequence[str] | None) -> int:
 
             return conformance_command(
                 service=arguments.service,
-                broker_url=arguments.broker_url,
+                broker_url=flags.get("broker_url"),
                 rabbitmqctl=arguments.rabbitmqctl,
                 only=arguments.only,
                 junit=arguments.junit_xml,
@@ -289,8 +338,15 @@ def _command(argv: Sequence[str] | None) -> int:
             from async_task_api_worker.cli.commands.cancel import cancel_command
 
             return cancel_command(
-                arguments.task_id, service=arguments.service, client_id=arguments.client_id
+                arguments.task_id,
+                service=arguments.service,
+                client_id=arguments.client_id,
+                flags=flags,
             )
+        if arguments.command in OPERATOR_COMMANDS:
+            from async_task_api_worker.cli.commands.operate import operator_command
+
+            return operator_command(arguments, flags=flags)
         if arguments.command == "asyncapi":
             from async_task_api_worker.cli.commands.asyncapi import asyncapi_command
 
@@ -305,6 +361,7 @@ def _command(argv: Sequence[str] | None) -> int:
             task_id=arguments.task_id,
             input_refs=arguments.input_ref,
             timeout_s=arguments.timeout_s,
+            flags=flags,
         )
     except ConfigError as exc:
         say_error(exc)

@@ -14,6 +14,7 @@ unacked count is the vhost's.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
 import shlex
@@ -67,7 +68,12 @@ class Admin:
             )
         except OSError as exc:  # not found, not executable
             raise AdminError(f"cannot run {argv[0]!r}: {exc.strerror or exc}") from exc
-        out, err = await process.communicate()
+        try:
+            out, err = await process.communicate()
+        except asyncio.CancelledError:  # a caller's bound ran out (``inspect``): leave no child
+            with contextlib.suppress(ProcessLookupError):
+                process.kill()
+            raise
         if process.returncode != 0:
             last = (err or out).decode(errors="replace").strip().splitlines()[-1:] or [""]
             raise AdminError(f"{' '.join(argv[-len(arguments) :])} failed: {last[0][:200]}")
@@ -116,6 +122,27 @@ class Admin:
             # 3.10 and 4.0 say "Parameter does not exist"; older ones "not found".
             if not any(words in str(exc).lower() for words in ("not found", "does not exist")):
                 raise
+
+    async def consumer_tags(self, queue: str) -> list[str]:
+        """The tags of ``queue``'s consumers (``list_consumers``), for ``inspect``.
+
+        Raises:
+            AdminError: the call failed.
+        """
+        out = await self._call(
+            "list_consumers",
+            "-q",
+            "--no-table-headers",
+            "-p",
+            self.vhost,
+            "queue_name",
+            "consumer_tag",
+        )
+        return [
+            parts[1]
+            for line in out.splitlines()
+            if len(parts := line.split("\t")) >= 2 and parts[0] == queue
+        ]
 
     async def unacked(self) -> int:
         """The vhost's deliveries not yet acked, summed over its channels (``list_channels``).

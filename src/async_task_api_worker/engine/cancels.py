@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Final
+from typing import Final, Protocol
 
 from async_task_api_worker.errors import CancelDecodeError
 from async_task_api_worker.ports import CancelRequested, CancelResult, CancelToken, EngineEvent
@@ -26,6 +26,20 @@ _logger = logging.getLogger("async_task_api_worker.engine")
 
 #: The reason a client's cancel gives the running task's token.
 CANCEL_REASON: Final = "cancelled by its client"
+
+
+class Running(Protocol):
+    """What the book reads of a run when asked what runs (``inspect``): the delivery's reporter."""
+
+    @property
+    def attempt(self) -> int:
+        """The run's attempt."""
+        ...
+
+    @property
+    def arrived_at(self) -> float:
+        """When its delivery arrived, on the engine's monotonic clock."""
+        ...
 
 
 class CancelBook:
@@ -44,7 +58,9 @@ class CancelBook:
         self._memory = memory
         self._memory_s = memory_s
         self._monotonic = monotonic
-        self._running: dict[str, list[CancelToken]] = {}
+        # Per task id, its runs here: each token with the run's reporter (read only when an
+        # operator asks what runs: nothing is built per delivery for that).
+        self._running: dict[str, dict[CancelToken, Running | None]] = {}
         self._remembered: OrderedDict[str, float] = OrderedDict()
         self._finished: OrderedDict[str, float] = OrderedDict()
 
@@ -62,17 +78,31 @@ class CancelBook:
         self._keep(self._remembered, task_id)
         return CancelResult.REMEMBERED
 
-    def start(self, task_id: str) -> CancelToken:
+    def start(self, task_id: str, run: Running | None = None) -> CancelToken:
         """Register a run of ``task_id``; its token is cancelled already when a cancel came first.
 
-        Call :meth:`finish` with the token when the run ends, whatever happened.
+        ``run`` (the delivery's reporter) is what :meth:`running` reads of it. Call
+        :meth:`finish` with the token when the run ends, whatever happened.
         """
         token = CancelToken()
         if self._fresh(self._remembered, task_id):
             del self._remembered[task_id]
             token.cancel(CANCEL_REASON)
-        self._running.setdefault(task_id, []).append(token)
+        self._running.setdefault(task_id, {})[token] = run
         return token
+
+    def running(self) -> list[tuple[str, int, float]]:
+        """``(task id, attempt, seconds since its delivery came)`` of each run here now.
+
+        Built when asked (``inspect``); a run registered without its reporter shows attempt 0
+        and 0 s.
+        """
+        now = self._monotonic()
+        return [
+            (task_id, 0, 0.0) if run is None else (task_id, run.attempt, now - run.arrived_at)
+            for task_id, runs in self._running.items()
+            for run in runs.values()
+        ]
 
     def finish(self, task_id: str, token: CancelToken, *, concluded: bool) -> None:
         """End the run of ``token``; ``concluded``: the task got its terminal report here.
@@ -81,9 +111,8 @@ class CancelBook:
         ``TASK_CANCELLED`` report the broker would not take, a shutdown) leaves its cancel
         remembered, so that the task's next delivery here concludes without running.
         """
-        tokens = self._running.get(task_id, [])
-        if token in tokens:
-            tokens.remove(token)
+        tokens = self._running.get(task_id, {})
+        tokens.pop(token, None)
         if not tokens:
             self._running.pop(task_id, None)
         if not self._memory:

@@ -259,11 +259,11 @@ class Engine:
             wall_clock=self._wall_clock,
             notify=self._notify,
             monotonic=self._monotonic,
-            # A report that cannot get out holds its delivery until the broker could time it
-            # out: giving it back sooner would count an attempt against a task not at fault.
+            # Held until the broker could time it out: sooner would count an attempt (no fault).
             hold_until=arrived_at + self._hold_s,
             max_report_bytes=self._settings.worker_max_report_bytes,
             abort=(stop or self._never).aborted,
+            arrived_at=arrived_at,
         )
 
     def admit(self, run: DeliveryReporter) -> Admitted | Refused:
@@ -289,7 +289,7 @@ class Engine:
         if self._hands_off:  # its work outlives the delivery: no cancel reaches it
             return await self._run_task(run, admission, stop, None)
         task_id = admission.fields.task_id
-        cancel = self._cancels.book.start(task_id)
+        cancel = self._cancels.book.start(task_id, run)
         verdict: Verdict | None = None
         try:
             if cancel.cancelled:  # its cancel came first: it concludes without running

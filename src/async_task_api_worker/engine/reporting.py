@@ -95,6 +95,7 @@ class DeliveryReporter:
     hold_until: float
     max_report_bytes: int = MAX_REPORT_BYTES
     abort: CancelToken | None = None
+    arrived_at: float = 0.0  # on ``monotonic``: when the delivery came (``inspect``'s elapsed)
     task_id: str | None = None
     client_id: str | None = None
     seq: int = 0
@@ -125,8 +126,7 @@ class DeliveryReporter:
     def _encode(
         self, report: StartedReport | ProgressReport | SuccessReport | FailureReport
     ) -> EncodedReport:
-        # The sequence number is taken here, in the order the engine asks for reports: that
-        # is their order on the wire too (see the module).
+        # The sequence number is taken in the order the engine asks: the wire's order too.
         encoded = encode_report(report, seq=self.seq, max_bytes=self.max_report_bytes)
         self.seq += 1
         return encoded

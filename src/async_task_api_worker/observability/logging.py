@@ -234,12 +234,23 @@ def _text_value(value: Any) -> str:
     return _escaped(json.dumps(value, ensure_ascii=False))
 
 
+#: Fields a message says inside another's ``name=`` (the decision line's ``attempt=1/5``).
+_SAID_WITH: Final = {"delivery_limit": "attempt"}
+
+
+def _said(name: str, message: str) -> bool:
+    """Whether ``message`` says the field ``name`` already, as ``name=...`` (decision lines)."""
+    return f" {_SAID_WITH.get(name, name)}=" in message
+
+
 class TextFormatter(logging.Formatter):
     r"""Formats a record as one line of text for a person, with the fields of the JSON line.
 
     ``2026-12-02T05:21:24.123456Z INFO  async_task_api_worker.engine Task done task_id=abc
     attempt=1 outcome=success``: ``ts``, ``level`` (padded to five), ``logger`` and ``msg``,
-    then every other field of :func:`record_fields` as ``key=value``, a value quoted as a JSON
+    then every other field of :func:`record_fields` that the message does not say already
+    (``Delivery settled: outcome=success ... attempt=1/5`` says ``outcome``, ``attempt`` and
+    ``delivery_limit``) as ``key=value``, a value quoted as a JSON
     string when it is empty or holds white space, ``"``, ``=`` or ``\``. Line breaks (a
     traceback's too) and lone surrogates are written as JSON escapes (``\n``): one record, one
     line.
@@ -252,7 +263,11 @@ class TextFormatter(logging.Formatter):
             f"{fields.pop('ts')} {fields.pop('level'):<5} {_escaped(fields.pop('logger'))} "
             f"{_escaped(fields.pop('msg'))}"
         )
-        pairs = (f"{_escaped(name)}={_text_value(value)}" for name, value in fields.items())
+        pairs = (
+            f"{_escaped(name)}={_text_value(value)}"
+            for name, value in fields.items()
+            if not _said(name, head)
+        )
         return " ".join((head, *pairs))
 
 

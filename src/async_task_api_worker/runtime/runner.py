@@ -35,6 +35,7 @@ from async_task_api_worker.runtime.hooks import (
     run_shutdown_hooks,
     run_startup_hooks,
 )
+from async_task_api_worker.runtime.inspection import Inspection
 from async_task_api_worker.settings import WorkerMode, WorkerSettings
 
 __all__ = ["Runner", "RunnerState", "lease_for"]
@@ -262,6 +263,10 @@ class Runner:
         await self._executor.start()
         if not self._transport.listen_for_cancels(self._engine.cancels.request_body):
             _logger.info("This transport receives no cancel requests")
+        # Optional, like an executor's ``hands_off``: RabbitMQ's control exchange carries them.
+        if (answer := getattr(self._transport, "answer_inspections", None)) is not None:
+            concurrency, running = self._settings.worker_concurrency, self._engine.cancels.book
+            answer(Inspection(self._worker.name, concurrency, running.running).answer)
         await self._transport.connect()
 
     @property

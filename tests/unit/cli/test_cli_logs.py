@@ -68,11 +68,43 @@ def test_dev_logs_text_lines_on_a_terminal_unless_told_otherwise() -> None:
     decisions = [line for line in lines if "Delivery settled" in line]
     assert len(decisions) == 4
     assert all(TEXT_LINE.match(line) for line in lines), lines
-    assert " task_id=dev-1 service=count-words attempt=1 " in decisions[0]
+    # The decision line says each field once: its message says outcome, action, code and
+    # attempt=1/5 (the delivery limit too); the fields it does not say follow.
+    assert " attempt=1/5 task_id=dev-1 service=count-words requeue_counted=false" in decisions[0]
+    for name in ("outcome", "action", "attempt", "delivery_limit", "task_id", "service"):
+        assert decisions[0].count(f" {name}=") <= 1, (name, decisions[0])
     code, _, lines = cli("dev", *EXAMPLE, terminal=True, LOG_FORMAT="json")
     assert code == 0 and lines and all(json.loads(line)["msg"] for line in lines)
     code, _, lines = cli("dev", *EXAMPLE, "--log-format", "json", terminal=True, LOG_FORMAT="text")
     assert code == 0 and lines and all(json.loads(line)["msg"] for line in lines)
+
+
+def test_run_logs_text_on_a_terminal_and_json_to_a_pipe() -> None:
+    # ``run`` logs to stdout (a container's log): the same rule as dev's, on that stream.
+    arguments = ("run", "no_such_module:worker", "--log-level", "DEBUG")
+    ours = {name.upper() for name in WorkerSettings.model_fields}
+    env = {name: value for name, value in os.environ.items() if name not in ours}
+    controller, terminal = pty.openpty()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "async_task_api_worker", *arguments],
+        cwd=REPO,
+        env=env,
+        stdout=terminal,
+        stderr=subprocess.PIPE,
+    )
+    os.close(terminal)
+    seen = b""
+    with contextlib.suppress(OSError):  # EIO: every end of the terminal is closed
+        while chunk := os.read(controller, 65536):
+            seen += chunk
+    os.close(controller)
+    process.communicate(timeout=60)
+    logged = seen.decode().replace("\r\n", "\n").splitlines()
+    assert process.returncode == ExitCode.CONFIG
+    assert logged and all(TEXT_LINE.match(line) for line in logged), logged
+    code, out, _ = cli(*arguments)
+    assert code == ExitCode.CONFIG
+    assert [json.loads(line)["level"] for line in out.splitlines()] == ["DEBUG"]
 
 
 def test_dev_logs_json_lines_to_a_pipe_and_text_when_asked() -> None:

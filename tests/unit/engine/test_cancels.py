@@ -247,3 +247,27 @@ def test_a_cancelled_run_that_did_not_conclude_leaves_its_cancel_remembered() ->
     book.request("a")
     book.finish("a", token, concluded=False)  # given back: its report could not get out
     assert book.start("a").cancelled  # the next delivery concludes without running
+
+
+# --- what runs now, for inspect ----------------------------------------------------------------
+
+
+class _Run:
+    def __init__(self, attempt: int, arrived_at: float) -> None:
+        self.attempt = attempt
+        self.arrived_at = arrived_at
+
+
+def test_the_book_says_what_runs_with_its_attempt_and_elapsed_time() -> None:
+    now = [100.0]
+    book = CancelBook(10, 60.0, lambda: now[0])
+    first = book.start("t-1", _Run(1, 90.0))
+    again = book.start("t-1", _Run(2, 99.5))  # a second delivery of one task, at once
+    book.start("t-2", _Run(3, 100.0))
+    assert sorted(book.running()) == [("t-1", 1, 10.0), ("t-1", 2, 0.5), ("t-2", 3, 0.0)]
+    book.finish("t-1", first, concluded=True)
+    now[0] = 101.0
+    assert sorted(book.running()) == [("t-1", 2, 1.5), ("t-2", 3, 1.0)]
+    book.finish("t-1", again, concluded=True)
+    assert book.request("t-1") is CancelResult.FINISHED
+    assert book.running() == [("t-2", 3, 1.0)]

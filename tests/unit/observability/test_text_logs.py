@@ -98,6 +98,24 @@ def test_a_text_line_has_every_field_of_the_json_line() -> None:
     assert "code=" not in line  # None is left out, as in JSON
 
 
+def test_a_field_the_message_says_is_not_said_again_and_the_json_line_keeps_it() -> None:
+    made = record(
+        "Delivery settled: outcome=%s attempt=%d/%d",
+        "retry",
+        2,
+        5,
+        task_id="t",
+        outcome="retry",
+        attempt=2,
+        delivery_limit=5,
+        reason="x=y",
+    )
+    line = TextFormatter().format(made)
+    assert line.endswith(' Delivery settled: outcome=retry attempt=2/5 task_id=t reason="x=y"')
+    as_json = json.loads(JsonFormatter().format(made))
+    assert (as_json["outcome"], as_json["attempt"], as_json["delivery_limit"]) == ("retry", 2, 5)
+
+
 def test_a_text_line_pads_the_level_as_a_column() -> None:
     made = record("Task done", task_id="abc")
     made.levelno, made.levelname = logging.INFO, "INFO"
@@ -160,8 +178,11 @@ def test_a_worker_logs_its_decision_lines_and_a_traceback_as_single_text_lines(
     assert all(HEAD.match(line) for line in lines), lines
     decisions = [line for line in lines if "Delivery settled" in line]
     assert len(decisions) == 2
-    assert " task_id=t-ok service=count-words attempt=1 " in decisions[0]
-    assert " outcome=success action=ack " in decisions[0]
+    # Each field once: the message says outcome, action, code and attempt=1/5.
+    assert decisions[0].endswith(
+        " Delivery settled: outcome=success action=ack code=- attempt=1/5 task_id=t-ok "
+        "service=count-words requeue_counted=false settled=true"
+    )
     assert " code=INTERNAL_ERROR " in decisions[1]
     raised = [line for line in lines if "Task handler raised RuntimeError" in line]
     assert len(raised) == 1  # the frames, escaped, on the record's one line

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import re
 import sys
+from collections.abc import Mapping
 
 from async_task_api_worker.cli.inputs import readable
 from async_task_api_worker.client import TaskClient
@@ -47,7 +48,9 @@ async def _cancel(client: TaskClient, task_id: str) -> bool:
         await client.close()
 
 
-def cancel_command(task_id: str, *, service: str, client_id: str) -> int:
+def cancel_command(
+    task_id: str, *, service: str, client_id: str, flags: Mapping[str, str] | None = None
+) -> int:
     """Publish a cancel request for ``task_id`` to the workers of ``service``.
 
     Prints ``cancel requested for TASK_ID (service NAME, exchange X)`` on stdout once the broker
@@ -64,7 +67,7 @@ def cancel_command(task_id: str, *, service: str, client_id: str) -> int:
     _check(task_id, ID_PATTERN, "task id")
     _check(client_id, ID_PATTERN, "--client-id")
     _check(service, SERVICE_PATTERN, "--service")
-    settings = readable(load_settings())
+    settings = readable(load_settings(flags))  # flags: --broker-url
     # The broker client's lines (one per connection retry) go to stderr: stdout has the result.
     configure_logging(settings.log_level, log_format=settings.log_format, stream=sys.stderr)
     tracing.provider_from_env(sys.stderr)  # OTEL_*: the cancel's `send` span

@@ -37,7 +37,7 @@ from async_task_api_worker.protocol.envelope import SERVICE_PATTERN
 from async_task_api_worker.runtime.exit_codes import ExitCode, say_error
 from async_task_api_worker.settings import load_settings
 
-__all__ = ["case_names", "conformance_command"]
+__all__ = ["admin_for", "case_names", "conformance_command"]
 
 
 def _vhost(url: str) -> str:
@@ -45,7 +45,12 @@ def _vhost(url: str) -> str:
     return urllib.parse.unquote(path[1:]) if len(path) > 1 else "/"
 
 
-def _admin(url: str, rabbitmqctl: str | None) -> tuple[Admin | None, str]:
+def admin_for(url: str, rabbitmqctl: str | None) -> tuple[Admin | None, str]:
+    """``rabbitmqctl`` for ``url``'s vhost (``--rabbitmqctl``: empty for none, else PATH's).
+
+    Returns:
+        ``(admin, "")``, or ``(None, why there is none)``.
+    """
     if rabbitmqctl == "":
         return None, "--rabbitmqctl is empty"
     command = rabbitmqctl or shutil.which("rabbitmqctl")
@@ -115,7 +120,7 @@ def conformance_command(
     values = {"broker_url": broker_url} if broker_url else {}
     settings = load_settings(values)  # a bad variable raises ConfigError: exit 2, one line
     url = settings.broker_urls()[0]
-    admin, admin_missing = _admin(url, rabbitmqctl)
+    admin, admin_missing = admin_for(url, rabbitmqctl)
     battery = Battery(
         url=url,
         in_queue=settings.in_queue(service),

@@ -7,9 +7,11 @@ flags, ``--processes 1`` and the link that ``runtime.supervised`` sets.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Mapping
 
+from async_task_api_worker.cli.inputs import readable
 from async_task_api_worker.cli.loading import load_target
 from async_task_api_worker.runtime.entry import run_worker, runner_for, shutdown_bounds
 from async_task_api_worker.runtime.exit_codes import ExitCode
@@ -31,13 +33,17 @@ def run_command(target: str, *, flags: Mapping[str, str] | None = None) -> int:
         ConfigError: the target, its definition or a setting is wrong (the caller exits 2).
     """
     flags = dict(flags or {})
-    settings = load_settings(flags)
+    settings = readable(load_settings(flags), sys.stdout)  # it logs to stdout; text on a tty
     worker = load_target(target, settings)
     if settings.worker_processes > 1:
         from async_task_api_worker.runtime.processes import supervise
 
         _, process_bound_s = shutdown_bounds(worker, settings)
         flags.pop("worker_processes", None)  # each worker process is one
+        if "broker_url" in flags:
+            # To the worker processes in their environment, not on their command lines, which
+            # anyone on the host may list (``ps``), password and all.
+            os.environ["BROKER_URL"] = flags.pop("broker_url")
         return int(
             supervise(
                 target, settings, process_bound_s=process_bound_s, flags=flag_arguments(flags)

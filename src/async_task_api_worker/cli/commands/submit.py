@@ -18,9 +18,9 @@ import asyncio
 import contextlib
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
-from async_task_api_worker.cli.inputs import json_object, readable
+from async_task_api_worker.cli.inputs import json_object, readable, report_line
 from async_task_api_worker.client import TaskClient, build_envelope
 from async_task_api_worker.errors import (
     EnvelopeDecodeError,
@@ -30,7 +30,6 @@ from async_task_api_worker.errors import (
 )
 from async_task_api_worker.observability import tracing
 from async_task_api_worker.observability.logging import configure_logging
-from async_task_api_worker.protocol.encoding import canonical_dumps
 from async_task_api_worker.protocol.envelope import decode_envelope
 from async_task_api_worker.protocol.reports import FailureReport, SuccessReport
 from async_task_api_worker.runtime.exit_codes import ExitCode, say_error
@@ -99,7 +98,7 @@ def _file_inputs(path: str) -> list[tuple[str, dict[str, object]]]:
 
 async def _print_reports(client: TaskClient, task_id: str, succeeded: dict[str, bool]) -> None:
     async for report in client.reports(task_id):
-        print(canonical_dumps(report.model_dump()).decode("utf-8", "surrogateescape"))
+        print(report_line(report))
         sys.stdout.flush()
         if isinstance(report, SuccessReport | FailureReport):  # its last: the task ended
             succeeded[task_id] = isinstance(report, SuccessReport)
@@ -142,6 +141,7 @@ def submit_command(
     task_id: str | None,
     input_refs: Sequence[str],
     timeout_s: float | None,
+    flags: Mapping[str, str] | None = None,
 ) -> int:
     """Publish one task (``raw_input``) or one a line of ``file``, and print their reports.
 
@@ -172,7 +172,7 @@ def submit_command(
         _checked(what, service=service, client_id=client_id, task_id=task_id, input_refs=refs)
         for what in inputs
     ]
-    settings = readable(load_settings())
+    settings = readable(load_settings(flags))  # flags: --broker-url
     # The broker client's lines and ours, one per retry, on stderr: stdout carries the reports.
     configure_logging(settings.log_level, log_format=settings.log_format, stream=sys.stderr)
     tracing.provider_from_env(sys.stderr)  # OTEL_*: the `send` span, its context in the envelope

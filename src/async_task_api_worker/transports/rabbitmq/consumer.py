@@ -4,7 +4,7 @@ aio-pika's robust channel restores a consumer with its old tag, and RabbitMQ 4.3
 after it cancelled the consumer itself (``530 NOT_ALLOWED - attempt to reuse consumer tag``,
 closing the connection). So the consumer here is not aio-pika's robust one: it is started on
 the channel's AMQP client (aiormq), again on every reopen and after every ``basic.cancel`` from
-the broker, each time with a tag the client makes up anew.
+the broker, each time with a new tag of its own (``atw/<host>/<pid>/<nonce>``).
 
 The broker cancels a consumer (``basic.cancel``) when the queue is deleted, and from RabbitMQ
 4.3 at a consumer timeout, instead of closing the channel. At a timeout it requeues only the
@@ -16,7 +16,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import socket
 import time
+import uuid
 from collections.abc import Callable, Coroutine
 from typing import Any, Final
 
@@ -26,6 +29,7 @@ from aiormq.abc import DeliveredMessage
 
 from async_task_api_worker.errors import TransportError
 from async_task_api_worker.ports import CancelCause
+from async_task_api_worker.protocol.inspect import consumer_tag
 from async_task_api_worker.transports.rabbitmq.delivery import RabbitDelivery
 from async_task_api_worker.transports.rabbitmq.failures import CHANNEL_GONE
 from async_task_api_worker.transports.rabbitmq.watch import ChannelWatch
@@ -116,8 +120,12 @@ class Consumer:
         client = await self._channel.get_underlay_channel()
         if self._broker_cancelled not in client.on_consumer_cancel_callbacks:
             client.on_consumer_cancel_callbacks.add(self._broker_cancelled)
-        # aiormq makes a new tag up (``ctag<channel>.<uuid>``): a tag is never used twice.
-        ok = await client.basic_consume(self._queue, self._on_message, arguments=self.arguments)
+        # A new tag each time (one is never used twice), naming the host and process: an
+        # operator finds it where consumers are listed, and ``inspect`` names a silent one.
+        tag = consumer_tag(socket.gethostname(), os.getpid(), uuid.uuid4().hex[:12])
+        ok = await client.basic_consume(
+            self._queue, self._on_message, arguments=self.arguments, consumer_tag=tag
+        )
         self.tag = ok.consumer_tag
 
     async def _reopened(self, _sender: object) -> None:

@@ -27,16 +27,12 @@ from aio_pika.abc import AbstractRobustChannel
 from aiormq.abc import DeliveredMessage
 
 from async_task_api_worker.broker_rules import since_rabbitmq_4_3
-from async_task_api_worker.errors import (
-    BrokerRefusedError,
-    TimeBudgetError,
-    TransportError,
-)
+from async_task_api_worker.errors import BrokerRefusedError, TimeBudgetError, TransportError
 from async_task_api_worker.ports import CancelCause, ConsumerCancelled, Delivery, Observer
 from async_task_api_worker.protocol.envelope import DEFAULT_MAX_BODY_BYTES, read_envelope
 from async_task_api_worker.transports.rabbitmq.acks import ChannelSettles, Settle
 from async_task_api_worker.transports.rabbitmq.consumer import Consumer
-from async_task_api_worker.transports.rabbitmq.control import listen_for_cancels
+from async_task_api_worker.transports.rabbitmq.control import Control, listen_for_cancels
 from async_task_api_worker.transports.rabbitmq.delivery import (
     RabbitDelivery,
     acquired_count_of,
@@ -105,7 +101,7 @@ class RabbitMQTransport:
         self._observers: list[Observer] = []
         self._max_body_bytes = max_body_bytes
         self._control_exchange = control_exchange
-        self._cancel_handler: Callable[[bytes], object] | None = None
+        self._control = Control(consumer_tag=lambda: self._tasks_consumer.tag)
         self._in_queue_name = in_queue
         self._out_queue_name = out_queue
         self._prefetch = prefetch
@@ -191,8 +187,8 @@ class RabbitMQTransport:
             since_4_3 = since_rabbitmq_4_3(version)
             self._counts_acquired = self._count_known and since_4_3
             self._ask_consumer_timeout(since_4_3)
-            if self._cancel_handler is not None and self._control_exchange is not None:
-                await listen_for_cancels(connection, self._control_exchange, self._cancel_handler)
+            if self._control.cancel is not None and self._control_exchange is not None:
+                await listen_for_cancels(connection, self._control_exchange, self._control)
             await self._reports.open()
         except (BrokerRefusedError, TimeBudgetError):
             await self.close()
@@ -260,8 +256,12 @@ class RabbitMQTransport:
         """
         if self._control_exchange is None:
             return False
-        self._cancel_handler = handler
+        self._control.cancel = handler
         return True
+
+    def answer_inspections(self, answer: Callable[[bytes, str | None], bytes | None]) -> None:
+        """Answer ``inspect`` requests on the control exchange with ``answer`` (``control``)."""
+        self._control.inspect = answer
 
     def _control_error(self, exc: Exception) -> BrokerRefusedError | TransportError:
         if isinstance(exc, aiormq.exceptions.ChannelPreconditionFailed):

@@ -32,7 +32,9 @@ class FakeClient:
         for callback in list(self.channel.reopen_callbacks):
             await callback(self.channel)
 
-    async def basic_consume(self, queue: str, callback: Any, *, arguments: Any) -> Any:
+    async def basic_consume(
+        self, queue: str, callback: Any, *, arguments: Any, consumer_tag: str = ""
+    ) -> Any:
         self.consumed.append(arguments)
         self.again.set()
         return SimpleNamespace(consumer_tag=f"ctag1.{len(self.consumed)}")
