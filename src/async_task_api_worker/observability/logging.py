@@ -23,8 +23,11 @@ import contextlib
 import json
 import logging
 import math
+import os
 import re
 import sys
+import threading
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import IO, Any, Final
 
@@ -40,6 +43,7 @@ __all__ = [
     "json_scalar",
     "record_fields",
     "redact_secrets",
+    "when_stream_closed",
 ]
 
 #: The task fields, in the order they appear in a line.
@@ -271,26 +275,60 @@ class TextFormatter(logging.Formatter):
         return " ".join((head, *pairs))
 
 
+#: What a running worker does when the reader of its log stream goes away (``run ... | head``):
+#: set by ``runtime.signals`` to ask for a drain, as SIGTERM does; nothing elsewhere.
+_on_closed: list[Callable[[], object]] = []
+#: Whether it is gone already (before the worker could be told: its first lines).
+_closed = threading.Event()
+
+
+def when_stream_closed(callback: Callable[[], object] | None) -> None:
+    """Call ``callback`` (once, from any thread) when the SDK's log stream's reader is gone.
+
+    At once if it is gone already; None forgets the callback.
+    """
+    _on_closed[:] = [] if callback is None else [callback]
+    if callback is not None and _closed.is_set():
+        _on_closed.clear()
+        callback()
+
+
 class _LinesHandler(logging.StreamHandler):  # type: ignore[type-arg]
     """A stream handler that, if a line cannot be written, says so in one line of its own.
 
     The standard ``handleError`` prints the record's message and arguments, unredacted, to
-    stderr; this one prints neither, in the handler's own format.
+    stderr; this one prints neither, in the handler's own format. A stream whose reader is gone
+    (``BrokenPipeError``) is said once, then replaced by /dev/null, and :func:`when_stream_closed`'s
+    callback runs: a process writes nothing more to a dead pipe, as SIGPIPE would have it.
     """
 
     def handleError(self, record: logging.LogRecord) -> None:
         error = sys.exc_info()[1]
-        with contextlib.suppress(Exception):
-            said = logging.LogRecord(
-                __name__,
-                logging.ERROR,
-                __file__,
-                0,
-                f"A log record of {record.name} could not be written ({type(error).__name__})",
-                None,
-                None,
+        if isinstance(error, BrokenPipeError):
+            self._reader_gone()
+            self._say(
+                f"The log stream's reader is gone: logs of {record.name} and after are dropped"
             )
+        else:
+            self._say(
+                f"A log record of {record.name} could not be written ({type(error).__name__})"
+            )
+
+    def _say(self, message: str) -> None:
+        with contextlib.suppress(Exception):
+            said = logging.LogRecord(__name__, logging.ERROR, __file__, 0, message, None, None)
             sys.stderr.write((self.formatter or JsonFormatter()).format(said) + "\n")
+
+    def _reader_gone(self) -> None:
+        with contextlib.suppress(OSError, ValueError):  # its buffer must not reach the pipe
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, self.stream.fileno())
+            os.close(devnull)
+        self.stream = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115 - lives with us
+        _closed.set()
+        for callback in _on_closed:
+            callback()
+        _on_closed.clear()
 
 
 #: The broker client's lines for each failed connection attempt (aiormq's, then aio-pika's on a

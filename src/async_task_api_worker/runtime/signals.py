@@ -24,6 +24,8 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Final
 
+from async_task_api_worker.observability.logging import when_stream_closed
+
 __all__ = [
     "ECHO_WINDOW_S",
     "LATE_ECHO_WINDOW_S",
@@ -97,9 +99,15 @@ def shutdown_on_signals(
 
     for number in once:
         loop.add_signal_handler(number, first_time, number)
+    # ``run ... | head``: a worker whose log stream's reader is gone drains, as on SIGTERM,
+    # rather than run on writing to nobody (the handler may be on a handler's thread).
+    when_stream_closed(
+        lambda: loop.call_soon_threadsafe(request_shutdown, "its log stream was closed")
+    )
     try:
         yield
     finally:
+        when_stream_closed(None)
         for number in (*_SIGNALS, *once):
             loop.remove_signal_handler(number)
             if number in counted_at:  # at once: an echo in between would be KeyboardInterrupt

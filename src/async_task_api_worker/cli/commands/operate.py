@@ -13,7 +13,6 @@ import argparse
 import asyncio
 import contextlib
 import math
-import os
 import re
 import sys
 import uuid
@@ -228,9 +227,7 @@ def _reports(settings: WorkerSettings, service: str, *, follow: bool) -> int:
     except KeyboardInterrupt:  # Ctrl-C: the normal end of --follow; the connection is closed
         print(f"reports: {written[0]} report(s) printed and taken from {queue}", file=sys.stderr)
         return INTERRUPTED
-    if pipe_closed[0]:
-        # The reader is gone (``reports | head``): keep the final flush off the dead pipe.
-        with contextlib.suppress(OSError, ValueError):
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     print(f"reports: {written[0]} report(s) printed and taken from {queue}", file=sys.stderr)
+    if pipe_closed[0]:  # ``reports | head``: stopped as every command is (``cli.main``)
+        raise BrokenPipeError
     return ExitCode.OK

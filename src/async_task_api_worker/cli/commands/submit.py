@@ -15,8 +15,6 @@ interrupted.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
 import sys
 from collections.abc import Mapping, Sequence
 
@@ -194,11 +192,5 @@ def submit_command(
         return ExitCode.FAILURE
     except TransportError as exc:  # unreachable, unconfirmed, or queues not set up
         say_error(exc)
-        return ExitCode.FAILURE
-    except BrokenPipeError:
-        # `submit ... | head`: the reader is gone, so nothing more can be shown; the reports
-        # not printed yet stay in the output queue. Keep the final flush off the dead pipe.
-        with contextlib.suppress(OSError, ValueError):
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return ExitCode.FAILURE
     return ExitCode.OK if all(succeeded.values()) else ExitCode.FAILURE

@@ -194,15 +194,19 @@ class BrokerLink:
             for _ in self._urls:
                 url = self._urls[self._index]
                 remaining = None if deadline is None else max(0.1, deadline - loop.time())
+                # Made here, not by ``connect_robust``: a cancel (a shutdown during startup) must
+                # close it, else its reconnect task swallows the cancel and the loop never ends.
+                connection = aio_pika.RobustConnection(
+                    URL(url),
+                    reconnect_interval=self._reconnect_interval_s,
+                    client_properties={"connection_name": self._name},
+                    ssl_context=self._contexts[self._index],
+                )
                 try:
-                    connection = await aio_pika.connect_robust(
-                        url,
-                        reconnect_interval=self._reconnect_interval_s,
-                        client_properties={"connection_name": self._name},
-                        timeout=min(ATTEMPT_TIMEOUT_S, remaining or ATTEMPT_TIMEOUT_S),
-                        ssl_context=self._contexts[self._index],
-                    )
+                    await connection.connect(min(ATTEMPT_TIMEOUT_S, remaining or ATTEMPT_TIMEOUT_S))
                 except asyncio.CancelledError:
+                    with contextlib.suppress(Exception):
+                        await asyncio.wait_for(connection.close(), timeout=5.0)
                     raise
                 except Exception as exc:
                     if is_refusal(exc):
