@@ -56,14 +56,25 @@ TLS_QUERY_OPTIONS: Final = (
 )
 #: The Erlang client's names of TLS options, which this client does not read, and its own.
 _OTHER_CLIENTS_OPTIONS: Final = {"cacertfile": "cafile", "verify": "no_verify_ssl"}
+#: Every query option the broker clients read (aiormq: ``heartbeat``, ``timeout``, ``name``,
+#: ``auth``; aio-pika: the rest), TLS's included: any other one would be ignored in silence,
+#: and a misspelt ``certfle`` would turn mutual TLS off without a word.
+URL_QUERY_OPTIONS: Final = frozenset(
+    {
+        *TLS_QUERY_OPTIONS,
+        *("heartbeat", "timeout", "name", "auth"),
+        *("interleave", "happy_eyeballs_delay", "reconnect_interval", "fail_fast"),
+    }
+)
 
 
 def split_broker_urls(value: str) -> tuple[str, ...]:
     """Split ``BROKER_URL`` at its commas and check each URL.
 
     Rule: each is ``amqp://`` or ``amqps://``, names a host, and any port is in 1..65535;
-    only an ``amqps://`` URL takes TLS options (:data:`TLS_QUERY_OPTIONS`), under this
-    client's names (``cafile``, not the Erlang client's ``cacertfile``).
+    its query options are ones the clients read (:data:`URL_QUERY_OPTIONS`); only an
+    ``amqps://`` URL takes TLS options (:data:`TLS_QUERY_OPTIONS`), under this client's names
+    (``cafile``, not the Erlang client's ``cacertfile``).
 
     Returns:
         The URLs, stripped of surrounding white space, in the order given.
@@ -71,6 +82,7 @@ def split_broker_urls(value: str) -> tuple[str, ...]:
     Raises:
         ValueError: a URL breaks the rule; the message names its position, never its text.
     """
+    from difflib import get_close_matches
     from urllib.parse import parse_qs, urlsplit
 
     urls = tuple(part.strip() for part in value.split(","))
@@ -98,6 +110,10 @@ def split_broker_urls(value: str) -> tuple[str, ...]:
         for other, ours in _OTHER_CLIENTS_OPTIONS.items():
             if other in options:
                 raise ValueError(f"{which} has ?{other}=, which this client reads as ?{ours}=")
+        for name in sorted(options.keys() - URL_QUERY_OPTIONS):
+            like = get_close_matches(name, URL_QUERY_OPTIONS, n=1)
+            hint = f" (did you mean ?{like[0]}=?)" if like else ""
+            raise ValueError(f"{which} has ?{name}=, an option no client reads{hint}")
         tls = [name for name in TLS_QUERY_OPTIONS if name in options]
         if tls and parts.scheme != "amqps":
             raise ValueError(

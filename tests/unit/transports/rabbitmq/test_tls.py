@@ -215,12 +215,22 @@ def test_a_file_that_holds_no_certificate_says_so(tmp_path: Path) -> None:
         ("amqp://h/?cafile=/ca.pem", "gives TLS options (cafile) but is amqp://: use amqps://"),
         ("amqps://h/?cacertfile=/ca.pem", "has ?cacertfile=, which this client reads as ?cafile="),
         ("amqps://h/?verify=verify_peer", "has ?verify=, which this client reads as"),
+        (
+            "amqps://h/?cafile=/ca.pem&certfle=/c.pem",
+            "has ?certfle=, an option no client reads (did you mean ?certfile=?)",
+        ),
+        ("amqp://h/?channel_max=5", "has ?channel_max=, an option no client reads"),
     ],
 )
 def test_tls_options_are_checked_with_the_url(url: str, message: str) -> None:
     with pytest.raises(ValueError) as error:
         split_broker_urls(url)
     assert message in str(error.value)
+
+
+def test_the_clients_own_options_are_taken() -> None:
+    url = "amqps://h/?heartbeat=5&timeout=3&name=w&auth=plain&cafile=/ca.pem&certfile=/c&keyfile=/k"
+    assert split_broker_urls(url) == (url,)
 
 
 def _wrapped(cause: BaseException) -> aiormq.exceptions.AMQPConnectionError:
