@@ -32,6 +32,7 @@ from yarl import URL
 
 from async_task_api_worker.broker_rules import AMQP_PORTS
 from async_task_api_worker.errors import SettingsError
+from async_task_api_worker.setting_flags import named
 from async_task_api_worker.transports.rabbitmq.failures import closed_by_broker, tls_refusal
 
 __all__ = ["TLS_PROBE_WAIT_S", "describe_tls", "read_refusal", "tls_context", "tls_failure"]
@@ -61,6 +62,10 @@ class _BrokerContext(ssl.SSLContext):
         return super().wrap_bio(incoming, outgoing, server_side, server_hostname, session)
 
 
+#: How the errors name the setting (with its flag), as every setting error does.
+_SUBJECT: Final = named("BROKER_URL")
+
+
 def tls_context(url: str) -> ssl.SSLContext | None:
     """The TLS context of a connection to ``url``: ``None`` for ``amqp://``.
 
@@ -87,16 +92,16 @@ def tls_context(url: str) -> ssl.SSLContext | None:
             context.load_default_certs(ssl.Purpose.SERVER_AUTH)
     except (OSError, ValueError) as exc:
         which = "cafile" if cafile else "capath" if capath else "cadata"
-        raise SettingsError(f"invalid setting BROKER_URL: its {which} {_why(exc)}") from None
+        raise SettingsError(f"invalid setting {_SUBJECT}: its {which} {_why(exc)}") from None
     certfile, keyfile = query.get("certfile") or None, query.get("keyfile") or None
     if keyfile and not certfile:
-        raise SettingsError("invalid setting BROKER_URL: keyfile without certfile")
+        raise SettingsError(f"invalid setting {_SUBJECT}: keyfile without certfile")
     if certfile:
         try:
             context.load_cert_chain(certfile, keyfile)
         except (OSError, ValueError) as exc:
             raise SettingsError(
-                f"invalid setting BROKER_URL: its certfile/keyfile {_why(exc)}"
+                f"invalid setting {_SUBJECT}: its certfile/keyfile {_why(exc)}"
             ) from None
     if query.get("no_verify_ssl", "0") != "0":  # aiormq's reading: anything but "0"
         context.check_hostname = False
@@ -125,7 +130,7 @@ def _cadata(value: str | None) -> bytes | None:
     try:
         return base64.b64decode(value, validate=True)
     except binascii.Error:
-        raise SettingsError("invalid setting BROKER_URL: its cadata is not base64") from None
+        raise SettingsError(f"invalid setting {_SUBJECT}: its cadata is not base64") from None
 
 
 def _why(exc: BaseException) -> str:
