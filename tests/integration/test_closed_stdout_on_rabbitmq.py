@@ -8,39 +8,17 @@ own lines; ``reports`` leaves the reports it could not print in the output queue
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
 from typing import Any
 
 from tests.integration.conftest import REPO, Queues
-
-CLOSED_STDOUT = 128 + signal.SIGPIPE
-
-
-def closed_stdout(*arguments: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    """Run the CLI with a stdout whose reader is already gone."""
-    read_end, write_end = os.pipe()
-    os.close(read_end)
-    try:
-        return subprocess.run(
-            [sys.executable, "-m", "async_task_api_worker", *arguments],
-            cwd=REPO,
-            env=env,
-            stdout=write_end,
-            stderr=subprocess.PIPE,
-            text=True,
-            timeout=60,
-            check=False,
-        )
-    finally:
-        os.close(write_end)
+from tests.closed_pipes import CLOSED_STDOUT, with_closed_stdout
 
 
 def test_submit_stops_quietly(queues: Queues, start_worker: Any) -> None:
     start_worker("examples.count_words:worker", queues.env())
-    submitted = closed_stdout(
+    submitted = with_closed_stdout(
         "submit", '{"text": "a b c"}', "--service", "count-words", "--timeout-s", "30",
         env=queues.env(),
     )  # fmt: skip
@@ -61,7 +39,7 @@ async def test_reports_stops_quietly_and_leaves_the_reports_queued(
         await client.close()
     worker.wait_for_log("Delivery settled")  # its reports are confirmed in the queue by now
 
-    read = closed_stdout("reports", "--service", "count-words", env=queues.env())
+    read = with_closed_stdout("reports", "--service", "count-words", env=queues.env())
     assert read.returncode == CLOSED_STDOUT, read.stderr
     assert "Traceback" not in read.stderr
     assert "0 report(s) printed" in read.stderr  # each is acked only once written
@@ -86,7 +64,7 @@ async def test_reports_stops_quietly_and_leaves_the_reports_queued(
 
 def test_run_drains_and_exits_when_its_log_reader_is_gone(queues: Queues) -> None:
     # ``run ... | head``: it logs to stdout; with nobody reading, it stops as on SIGTERM.
-    ran = closed_stdout(
+    ran = with_closed_stdout(
         "run", "examples.count_words:worker", "--health-port", "0", env=queues.env()
     )
     assert ran.returncode == 0, ran.stderr

@@ -15,7 +15,7 @@ never echoes the body.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Final, Literal
+from typing import Final, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -123,6 +123,7 @@ class InspectReply(BaseModel):
     tasks_left_out: int = 0
 
 
+_M = TypeVar("_M", bound=BaseModel)
 _REQUEST_NAMES = model_field_names(InspectRequest)
 _REPLY_NAMES = model_field_names(InspectReply)
 
@@ -156,14 +157,19 @@ def decode_inspect_request(body: bytes) -> InspectRequest:
     Raises:
         ProtocolError: it is not one (the message names why, never quoting the body).
     """
+    return _decoded(body, InspectRequest, "an inspect request", _REQUEST_NAMES)
+
+
+def _decoded(body: bytes, model: type[_M], what: str, names: frozenset[str]) -> _M:
+    """``body`` read as one JSON object within :data:`MAX_INSPECT_BYTES`, then as ``model``."""
     try:
         document, _ = read_object(body, max_body_bytes=MAX_INSPECT_BYTES)
-        return InspectRequest.model_validate(document)
+        return model.model_validate(document)
     except EnvelopeDecodeError as exc:
-        raise ProtocolError(f"not an inspect request ({exc.reason}): {exc.detail}") from None
+        raise ProtocolError(f"not {what} ({exc.reason}): {exc.detail}") from None
     except ValidationError as exc:
-        detail = describe_validation_error(exc, known_names=_REQUEST_NAMES)
-        raise ProtocolError(f"not an inspect request: {detail}") from None
+        detail = describe_validation_error(exc, known_names=names)
+        raise ProtocolError(f"not {what}: {detail}") from None
 
 
 def encode_inspect_reply(
@@ -210,14 +216,7 @@ def decode_inspect_reply(body: bytes) -> InspectReply:
     Raises:
         ProtocolError: it is not one (the message names why, never quoting the body).
     """
-    try:
-        document, _ = read_object(body, max_body_bytes=MAX_INSPECT_BYTES)
-        return InspectReply.model_validate(document)
-    except EnvelopeDecodeError as exc:
-        raise ProtocolError(f"not an inspect reply ({exc.reason}): {exc.detail}") from None
-    except ValidationError as exc:
-        detail = describe_validation_error(exc, known_names=_REPLY_NAMES)
-        raise ProtocolError(f"not an inspect reply: {detail}") from None
+    return _decoded(body, InspectReply, "an inspect reply", _REPLY_NAMES)
 
 
 def consumer_tag(host: str, pid: int, nonce: str) -> str:

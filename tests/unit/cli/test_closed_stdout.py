@@ -7,12 +7,9 @@ prints a ``BrokenPipeError`` (a traceback, or "Exception ignored" at its exit) o
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
-
 import pytest
+
+from tests.closed_pipes import CLOSED_STDOUT, with_closed_stdout
 
 TARGET = "examples.count_words:worker"
 
@@ -25,18 +22,6 @@ TARGET = "examples.count_words:worker"
     ],
 )
 def test_a_command_whose_stdout_is_closed_stops_quietly(command: list[str]) -> None:
-    read_end, write_end = os.pipe()
-    os.close(read_end)  # no reader at all: every write gets EPIPE
-    try:
-        done = subprocess.run(
-            [sys.executable, "-m", "async_task_api_worker", *command],
-            stdout=write_end,
-            stderr=subprocess.PIPE,
-            text=True,
-            timeout=60,
-            check=False,
-        )
-    finally:
-        os.close(write_end)
+    done = with_closed_stdout(*command)
     assert done.stderr == ""
-    assert done.returncode == 128 + signal.SIGPIPE
+    assert done.returncode == CLOSED_STDOUT
