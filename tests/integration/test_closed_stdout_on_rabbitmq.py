@@ -12,8 +12,8 @@ import subprocess
 import sys
 from typing import Any
 
-from tests.integration.conftest import REPO, Queues
 from tests.closed_pipes import CLOSED_STDOUT, with_closed_stdout
+from tests.integration.conftest import REPO, Queues
 
 
 def test_submit_stops_quietly(queues: Queues, start_worker: Any) -> None:
