@@ -8,6 +8,7 @@ tests/integration/test_getting_started.py.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -27,9 +28,19 @@ PAGE = "getting-started.md"
 
 
 def shell_env() -> dict[str, str]:
-    """The environment of a reader's shell: this environment's scripts first on PATH."""
+    """The environment of a reader's shell, in a project where the SDK is installed.
+
+    The page's ``uv run X`` runs X in the project's environment: here that environment is this
+    one (``UV_PROJECT_ENVIRONMENT``), used as it is (``UV_NO_SYNC``: nothing is installed). uv
+    itself is found where it runs these tests from (``UV``), else on PATH.
+    """
     environment = dict(os.environ)
-    environment["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{environment['PATH']}"
+    uv = os.environ.get("UV") or shutil.which("uv")
+    assert uv is not None, "the page's commands run through uv, which is not on PATH"
+    folders = [str(Path(sys.executable).parent), str(Path(uv).parent), environment["PATH"]]
+    environment["PATH"] = os.pathsep.join(folders)
+    environment["UV_PROJECT_ENVIRONMENT"] = sys.prefix
+    environment["UV_NO_SYNC"] = "1"
     environment.pop("PYTEST_ADDOPTS", None)
     return environment
 
