@@ -99,10 +99,10 @@ def test_the_testing_page_tests_pass(tmp_path: Path) -> None:
     (tmp_path / "pyproject.toml").write_bytes(
         (tmp_path / "getting-started/pyproject.toml").read_bytes()
     )
-    assert write_files("worker.md", tmp_path) == ["my_worker.py"]
+    assert write_files("worker.md", tmp_path) == ["count_words.py"]
     assert write_files("testing.md", tmp_path) == [
-        "test_my_worker.py", "slow_worker.py", "test_slow_worker.py"
+        "test_count_words.py", "slow_worker.py", "test_slow_worker.py"
     ]  # fmt: skip
-    done = shell("pytest -q -p no:cacheprovider test_my_worker.py test_slow_worker.py", tmp_path)
+    done = shell("pytest -q -p no:cacheprovider test_count_words.py test_slow_worker.py", tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.strip().splitlines()[-1].startswith("5 passed")
