@@ -34,8 +34,7 @@ def loop_factory(kind: EventLoopKind) -> Callable[[], asyncio.AbstractEventLoop]
     except ImportError:
         if kind is EventLoopKind.UVLOOP:
             raise SettingsError(
-                "WORKER_EVENT_LOOP=uvloop but uvloop is not installed "
-                "(the SDK's `uvloop` extra)"
+                "WORKER_EVENT_LOOP=uvloop but uvloop is not installed (the SDK's `uvloop` extra)"
             ) from None
         return None
     factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
