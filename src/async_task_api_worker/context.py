@@ -296,6 +296,9 @@ class _ContextBase:
 class TaskContext(_ContextBase):
     """The context of an ``async def`` handler.
 
+    The SDK builds it for each delivery; a test builds one with
+    ``async_task_api_worker.testing.make_task_context``. Its constructor is not API.
+
     Attributes:
         task_id: the envelope's task id.
         client_id: the envelope's client id.
@@ -304,6 +307,8 @@ class TaskContext(_ContextBase):
         delivery_limit: the attempts the task gets (``WORKER_DELIVERY_LIMIT``).
         input_refs: the envelope's input references, in order.
         logger: a logger whose records carry ``task_id``, ``service`` and ``attempt``.
+        cancelled: whether the task's client cancelled it (a property; see below), with
+            ``raise_if_cancelled()`` to stop there.
     """
 
     async def progress(
@@ -331,8 +336,11 @@ class TaskContext(_ContextBase):
 class SyncTaskContext(_ContextBase):
     """The context of a ``def`` handler, which runs in a worker thread.
 
-    Same attributes as :class:`TaskContext`; :meth:`progress` is a plain call that hands the
-    update to the event loop without waiting.
+    Same attributes as :class:`TaskContext`, ``cancelled`` and ``raise_if_cancelled()``
+    included (a ``def`` handler stops only where it looks at them); :meth:`progress` is a plain
+    call that hands the update to the event loop without waiting. The SDK builds it for each
+    delivery; a test builds one with ``async_task_api_worker.testing.make_sync_task_context``.
+    Its constructor is not API.
     """
 
     def progress(

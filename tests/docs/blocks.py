@@ -29,6 +29,7 @@ PYTEST_TIME = re.compile(r" in [0-9.]+s$")
 GETTING_STARTED_RUNS = {
     "pytest": "tests/docs/test_getting_started_page.py",
     "dev": "tests/docs/test_getting_started_page.py",
+    "vhost": "tests/integration/test_getting_started.py",
     "worker": "tests/integration/test_getting_started.py",
     "submit": "tests/integration/test_getting_started.py",
     "slow-submit": "tests/integration/test_getting_started.py",

@@ -8,6 +8,7 @@ tests/integration/test_getting_started.py.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -27,9 +28,19 @@ PAGE = "getting-started.md"
 
 
 def shell_env() -> dict[str, str]:
-    """The environment of a reader's shell: this environment's scripts first on PATH."""
+    """The environment of a reader's shell, in a project where the SDK is installed.
+
+    The page's ``uv run X`` runs X in the project's environment: here that environment is this
+    one (``UV_PROJECT_ENVIRONMENT``), used as it is (``UV_NO_SYNC``: nothing is installed). uv
+    itself is found where it runs these tests from (``UV``), else on PATH.
+    """
     environment = dict(os.environ)
-    environment["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{environment['PATH']}"
+    uv = os.environ.get("UV") or shutil.which("uv")
+    assert uv is not None, "the page's commands run through uv, which is not on PATH"
+    folders = [str(Path(sys.executable).parent), str(Path(uv).parent), environment["PATH"]]
+    environment["PATH"] = os.pathsep.join(folders)
+    environment["UV_PROJECT_ENVIRONMENT"] = sys.prefix
+    environment["UV_NO_SYNC"] = "1"
     environment.pop("PYTEST_ADDOPTS", None)
     return environment
 
@@ -88,10 +99,10 @@ def test_the_testing_page_tests_pass(tmp_path: Path) -> None:
     (tmp_path / "pyproject.toml").write_bytes(
         (tmp_path / "getting-started/pyproject.toml").read_bytes()
     )
-    assert write_files("worker.md", tmp_path) == ["my_worker.py"]
+    assert write_files("worker.md", tmp_path) == ["count_words.py"]
     assert write_files("testing.md", tmp_path) == [
-        "test_my_worker.py", "slow_worker.py", "test_slow_worker.py"
+        "test_count_words.py", "slow_worker.py", "test_slow_worker.py"
     ]  # fmt: skip
-    done = shell("pytest -q -p no:cacheprovider test_my_worker.py test_slow_worker.py", tmp_path)
+    done = shell("pytest -q -p no:cacheprovider test_count_words.py test_slow_worker.py", tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.strip().splitlines()[-1].startswith("5 passed")

@@ -221,3 +221,26 @@ def test_a_page_renders_in_chromium_and_its_links_resolve(
     shot = browse(chromium, tmp_path / "profile", url, f"--screenshot={ARTIFACTS / screenshot}")
     assert shot.returncode == 0, shot.stderr
     assert (ARTIFACTS / screenshot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_console_prompts_and_output_are_left_out_of_a_copy(
+    built: tuple[Path, subprocess.CompletedProcess[str], float],
+) -> None:
+    """A console block's ``$ `` prompts and output lines carry Pygments' ``gp`` and ``go``
+    classes, which docs/stylesheets/extra.css leaves out of a selection and of the copy
+    button's text; so every console block starts with a prompt (commands alone are
+    ``shell``, output alone ``text``), or its copy would be empty."""
+    site, done, _ = built
+    assert done.returncode == 0, done.stderr
+    css = (REPO / "docs" / "stylesheets" / "extra.css").read_text()
+    assert ".highlight .gp," in css and "[data-md-copying] .go" in css
+    page = (site / "getting-started" / "index.html").read_text()
+    assert "stylesheets/extra.css" in page
+    assert '<span class="gp">$ </span>uv<span class="w"> </span>run' in page
+    assert '<span class="go">{"attempt":1,' in page
+    unprompted = []
+    for markdown in sorted((REPO / "docs").rglob("*.md")):
+        for block in re.findall(r"^```console\n(.*?)^```$", markdown.read_text(), re.M | re.S):
+            if not block.startswith("$ "):
+                unprompted.append(f"{markdown.name}: {block.splitlines()[0]}")
+    assert not unprompted

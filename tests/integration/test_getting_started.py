@@ -2,13 +2,15 @@
 a task, ``submit`` a slow one and ``cancel`` it (the page's other blocks:
 tests/docs/test_getting_started_page.py).
 
-The commands run in a project folder holding the page's files, in a vhost of the test's own
-(``BROKER_URL``; the page's queue names, the service's own), the probes on a free port.
+The commands run in a project folder holding the page's files, in a quorum vhost of the test's
+own that the page's ``vhost`` block makes (``BROKER_URL``; the page's queue names, the
+service's own), the probes on a free port.
 """
 
 from __future__ import annotations
 
 import contextlib
+import shlex
 import subprocess
 import uuid
 from collections.abc import Iterator
@@ -26,13 +28,24 @@ PAGE = "getting-started.md"
 
 @pytest.fixture
 def vhost(broker: None) -> Iterator[str]:
-    """A quorum vhost of the test's own, deleted after it (its processes stopped first)."""
+    """The name of a vhost of the test's own, which the page's ``vhost`` block makes (its
+    ``work``); deleted after the test (its processes stopped first)."""
     name = f"atw-getting-started-{uuid.uuid4().hex[:8]}"
-    rabbitmqctl("add_vhost", name, "--default-queue-type", "quorum")
-    rabbitmqctl("set_permissions", "-p", name, "guest", ".*", ".*", ".*")
     yield name
     with contextlib.suppress(RuntimeError):
         rabbitmqctl("delete_vhost", name)
+
+
+def make_the_vhost(vhost: str) -> None:
+    """The page's ``vhost`` block, its vhost ``work`` named ``vhost``: the ``rabbitmqctl`` lines
+    run through the tests' rabbitmqctl (``ATW_RABBITMQCTL``); the ``export`` names that vhost on
+    the default broker (the test's ``BROKER_URL`` is the same vhost on the tests' broker)."""
+    steps = run_block(PAGE, "vhost").steps()
+    assert [command.split()[0] for command, _ in steps] == ["rabbitmqctl", "rabbitmqctl", "export"]
+    for command, shown in steps[:2]:
+        assert not shown
+        rabbitmqctl(*[vhost if word == "work" else word for word in shlex.split(command)[1:]])
+    assert steps[2][0] == "export BROKER_URL=amqp://guest:guest@localhost:5672/work"
 
 
 class Shell:
@@ -84,7 +97,8 @@ def wait_for_output(process: subprocess.Popen[str], out: Path, text: str) -> Non
     wait_for(said, 60, lambda: f"{text!r} in:\n{out.read_text()}")
 
 
-def test_run_submit_and_cancel_print_what_the_page_shows(reader: Shell) -> None:
+def test_run_submit_and_cancel_print_what_the_page_shows(reader: Shell, vhost: str) -> None:
+    make_the_vhost(vhost)
     ((run_command, _),) = run_block(PAGE, "worker").steps()
     worker, worker_log = reader.start(run_command)
     wait_for_output(worker, worker_log, "Connected to")

@@ -100,7 +100,7 @@ class TaskContextFilter(logging.Filter):
     carry them too. A field the record already has (passed in ``extra``) is kept. Never drops a
     record.
 
-    Attach it to a handler, or call it from a record factory (seed, "Probes, metrics and logs")::
+    Attach it to a handler, or call it from a record factory (docs/operations.md, the logs):
 
         task_fields = TaskContextFilter()
         previous_factory = logging.getLogRecordFactory()

@@ -104,8 +104,7 @@ def transport_for(worker: Worker, settings: WorkerSettings, **options: Any) -> T
             )
         except ImportError as exc:
             raise SettingsError(
-                "invalid setting WORKER_TRANSPORT: sqs-sfn needs boto3 "
-                "(pip install 'async-task-api-worker[aws]')"
+                "invalid setting WORKER_TRANSPORT: sqs-sfn needs boto3 (the SDK's `aws` extra)"
             ) from exc
         assert settings.sqs_queue_url is not None  # noqa: S101 - the settings require it
         timeout_s = settings.task_timeout_s(worker.task_definition.timeout_s)

@@ -2,7 +2,7 @@
 
 uvloop runs the same code with less CPU per callback and per socket write; on the throughput
 benchmark it is the largest single gain (docs/benchmarks.md). It is an optional extra
-(``async-task-api-worker[uvloop]``, docs/getting-started.md, "Install"), so ``auto`` falls
+(the SDK's ``uvloop`` extra, docs/getting-started.md, "Install"), so ``auto`` falls
 back to asyncio.
 """
 
@@ -34,8 +34,7 @@ def loop_factory(kind: EventLoopKind) -> Callable[[], asyncio.AbstractEventLoop]
     except ImportError:
         if kind is EventLoopKind.UVLOOP:
             raise SettingsError(
-                "WORKER_EVENT_LOOP=uvloop but uvloop is not installed "
-                "(install the package with its extra: async-task-api-worker[uvloop])"
+                "WORKER_EVENT_LOOP=uvloop but uvloop is not installed (the SDK's `uvloop` extra)"
             ) from None
         return None
     factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop

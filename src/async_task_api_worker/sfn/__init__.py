@@ -1,7 +1,8 @@
 """The Step Functions worker: SQS + ``waitForTaskToken``, heartbeats, ECS task protection.
 
-Seed 000's API, installed with the ``aws`` extra (``pip install 'async-task-api-worker[aws]'``;
-importing it without boto3 raises ``ImportError`` saying so). The parent (:class:`Worker`)
+The Step Functions worker's own API, with the SDK's ``aws`` extra (boto3), installed from where
+the SDK was installed (a clone: ``pip install '/path/to/async-task-api-worker[aws]'``);
+importing it without boto3 raises ``ImportError`` saying so. The parent (:class:`Worker`)
 runs on the engine with the SQS + Step Functions transport and one subprocess per message; the
 subprocess calls :func:`run_handler`. ``docs/sfn.md`` has the details.
 """

@@ -308,7 +308,7 @@ def test_sqs_sfn_without_its_queue_or_boto3_exits_2_with_one_line(
     monkeypatch.setitem(sys.modules, "boto3", None)
     assert main(["check", "examples.count_words:worker"]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "pip install 'async-task-api-worker[aws]'" in err
+    assert err.count("\n") == 1 and "boto3 (the SDK's `aws` extra)" in err
 
 
 def test_a_queue_url_without_the_sqs_transport_is_refused(

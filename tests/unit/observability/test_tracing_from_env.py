@@ -96,5 +96,6 @@ def test_an_exporter_not_installed_exits_2_with_one_line(
     assert main([command, *arguments, "--service", "count-words"]) == 2
     assert capsys.readouterr().err.strip().splitlines() == [
         "async-task-api-worker: OTEL_TRACES_EXPORTER names 'no-such-exporter', which is not "
-        "installed (no opentelemetry_traces_exporter entry point of that name)"
+        "installed (no opentelemetry_traces_exporter entry point of that name; the package "
+        "opentelemetry-exporter-no-such-exporter would provide it)"
     ]

@@ -49,6 +49,6 @@ def test_uvloop_asked_for_but_missing_is_a_configuration_error(
 ) -> None:
     _hide_uvloop(monkeypatch)
     main = _loop_module()
-    with pytest.raises(SettingsError, match=r"uvloop is not installed.*\[uvloop\]"):
+    with pytest.raises(SettingsError, match=r"uvloop is not installed.*`uvloop` extra"):
         run_on(EventLoopKind.UVLOOP, main)
     assert main.cr_frame is None  # closed: no "never awaited" warning

@@ -217,7 +217,7 @@ def test_importing_without_boto3_says_how_to_install() -> None:
         "import sys; sys.modules['boto3'] = None\nimport async_task_api_worker.sfn", {}
     )
     assert done.returncode == 1
-    assert "pip install 'async-task-api-worker[aws]'" in done.stderr
+    assert "boto3 (the SDK's `aws` extra)" in done.stderr
 
 
 def test_the_face_runs_no_loop_signal_handler_or_aws_call_of_its_own() -> None:

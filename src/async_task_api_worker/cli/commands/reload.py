@@ -152,7 +152,7 @@ def reload_command(target: str, path: str, *, flags: Mapping[str, str] | None = 
     try:
         import watchfiles
     except ImportError:
-        say_error("dev --reload needs watchfiles: pip install 'async-task-api-worker[reload]'")
+        say_error("dev --reload needs watchfiles (the SDK's `reload` extra)")
         return ExitCode.CONFIG
     if path != "-" and not os.access(path, os.R_OK):
         say_error(f"cannot read {path}")

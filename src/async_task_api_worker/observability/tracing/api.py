@@ -192,7 +192,8 @@ def provider_from_env(stream: IO[str]) -> Any:
                 continue
             raise SettingsError(
                 f"OTEL_TRACES_EXPORTER names {name!r}, which is not installed "
-                f"(no {EXPORTERS_GROUP} entry point of that name)"
+                f"(no {EXPORTERS_GROUP} entry point of that name; the package "
+                f"opentelemetry-exporter-{name} would provide it)"
             )
         exporter = next(iter(found)).load()
         exporters.append(exporter(out=stream) if name == "console" else exporter())

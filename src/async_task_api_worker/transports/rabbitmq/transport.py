@@ -207,7 +207,8 @@ class RabbitMQTransport:
             )
         timeout_s = self._tasks_consumer.timeout_s
         _logger.info(
-            "Connected to %s (RabbitMQ %s): consuming %s, reporting to %s, prefetch %d, %s",
+            "Connected to %s (RabbitMQ %s): consuming %s, reporting to %s, prefetch %d (deliveries "
+            "held unacked at most), %s",
             self._consumer.url_for_logs,
             version or "of unknown version",
             self._in_queue_name,
@@ -217,7 +218,8 @@ class RabbitMQTransport:
             if timeout_s is not None
             else "no consumer timeout (a classic queue)"
             if since_4_3
-            else "the broker's consumer timeout",
+            else "the broker's own consumer timeout (its consumer_timeout setting: before 4.3 "
+            "a queue cannot ask for one)",
         )
 
     def _ask_consumer_timeout(self, since_4_3: bool) -> None:

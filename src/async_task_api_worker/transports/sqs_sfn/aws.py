@@ -28,7 +28,7 @@ try:
     from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError, NoRegionError
 except ImportError as exc:  # pragma: no cover - exercised without the extra only
     raise ImportError(
-        "the SQS + Step Functions transport needs boto3: pip install 'async-task-api-worker[aws]'"
+        "the SQS + Step Functions transport needs boto3 (the SDK's `aws` extra)"
     ) from exc
 
 from async_task_api_worker.errors import (
