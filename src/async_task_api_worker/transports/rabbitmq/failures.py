@@ -89,6 +89,9 @@ def connect_failure(exc: BaseException) -> str:
             return "timed out"
         if isinstance(seen, aiormq.exceptions.IncompatibleProtocolError):
             return "the broker closed the connection before AMQP began"
+        if isinstance(seen, aiormq.exceptions.ConnectionClosed) and seen.strerror:
+            # Its errno is the AMQP reply code (320), which os.strerror calls "Unknown error".
+            return f"closed by the broker: {seen.errno} {seen.strerror}"
     for seen in _causes(exc):  # no cause of those kinds: the system's words for its errno
         if isinstance(seen, OSError) and isinstance(seen.errno, int) and seen.errno > 0:
             return os.strerror(seen.errno)

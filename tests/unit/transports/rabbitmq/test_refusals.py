@@ -61,3 +61,15 @@ def test_a_failed_connect_says_its_cause_not_the_wrappers_type() -> None:
     unreachable.__cause__ = OSError(113, "No route to host")
     assert connect_failure(unreachable) == "No route to host"  # the system's words
     assert connect_failure(ValueError("x")) == "ValueError"  # nothing better: its type
+
+
+def test_a_connection_the_broker_closed_says_its_reply_not_an_unknown_errno() -> None:
+    # What aiormq raises when a node stops or `rabbitmqctl close_connection` runs: its errno
+    # is the AMQP reply code, which the system's words called "Unknown error 320".
+    forced = aiormq.exceptions.ConnectionClosed(
+        320, "CONNECTION_FORCED - broker forced connection closure with reason 'shutdown'"
+    )
+    assert connect_failure(forced) == (
+        "closed by the broker: 320 CONNECTION_FORCED - broker forced connection closure with "
+        "reason 'shutdown'"
+    )
