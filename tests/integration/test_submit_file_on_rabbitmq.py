@@ -109,12 +109,13 @@ def test_submit_file_past_its_timeout_counts_the_tasks_without_a_terminal_report
     assert "no terminal report within 5 s for 1 of 2 task(s)" in done.stderr
 
 
-def test_submit_whose_reader_goes_away_stops_with_1_and_no_traceback(
+def test_submit_whose_reader_goes_away_stops_with_141_and_no_traceback(
     queues: Queues, start_worker: Any, tmp_path: Path
 ) -> None:
     import subprocess
     import sys
 
+    from tests.closed_pipes import CLOSED_STDOUT
     from tests.integration.test_cli_on_rabbitmq import REPO
 
     start_worker("examples.count_words:worker", queues.env())
@@ -134,5 +135,5 @@ def test_submit_whose_reader_goes_away_stops_with_1_and_no_traceback(
         assert submit.stdout is not None and submit.stderr is not None
         assert submit.stdout.readline()  # the first report, as `| head -n 1` reads it
         submit.stdout.close()
-        assert submit.wait(timeout=60) == 1
+        assert submit.wait(timeout=60) == CLOSED_STDOUT  # as every command (cli.main)
         assert "Traceback" not in submit.stderr.read()

@@ -165,3 +165,19 @@ def test_a_tls_failure_exits_2_at_once_saying_which(
     last = json.loads(worker.stdout().splitlines()[-1])  # its last line before it connects
     began = datetime.fromisoformat(last["ts"].replace("Z", "+00:00")).timestamp()
     assert ended - began <= ATTEMPT_TIMEOUT_S + TLS_PROBE_WAIT_S
+
+
+@pytest.mark.timeout(120)
+def test_a_node_whose_certificate_fails_hands_over_to_the_next_url(
+    tls_node: TLSNode, start_worker: Any
+) -> None:
+    # A rotation across a cluster: one node's certificate is not trusted (yet), another's is.
+    # The failure is that URL's: the worker names it, takes the next one and serves.
+    bad = tls_node.url(cafile=str(tls_node.files["other_ca"]))
+    good = tls_node.url(cafile=str(tls_node.files["ca"]))
+    worker = start_worker(TARGET, _env(f"{bad},{good}"))
+    reports = asyncio.run(_served(good))
+    assert (reports[0], reports[-1]) == ("started", "success")
+    worker.stop()
+    assert worker.process.returncode == 0
+    assert "the broker's certificate is not trusted" in worker.log()

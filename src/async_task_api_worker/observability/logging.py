@@ -283,10 +283,7 @@ _closed = threading.Event()
 
 
 def when_stream_closed(callback: Callable[[], object] | None) -> None:
-    """Call ``callback`` (once, from any thread) when the SDK's log stream's reader is gone.
-
-    At once if it is gone already; None forgets the callback.
-    """
+    """Call ``callback`` once, from any thread, when the log stream's reader is gone (or now)."""
     _on_closed[:] = [] if callback is None else [callback]
     if callback is not None and _closed.is_set():
         _on_closed.clear()
@@ -306,13 +303,12 @@ class _LinesHandler(logging.StreamHandler):  # type: ignore[type-arg]
         error = sys.exc_info()[1]
         if isinstance(error, BrokenPipeError):
             self._reader_gone()
-            self._say(
-                f"The log stream's reader is gone: logs of {record.name} and after are dropped"
-            )
-        else:
-            self._say(
-                f"A log record of {record.name} could not be written ({type(error).__name__})"
-            )
+        name, why = record.name, type(error).__name__
+        self._say(
+            f"The log stream's reader is gone: logs of {name} and after are dropped"
+            if isinstance(error, BrokenPipeError)
+            else f"A log record of {name} could not be written ({why})"
+        )
 
     def _say(self, message: str) -> None:
         with contextlib.suppress(Exception):

@@ -173,9 +173,10 @@ class BrokerLink:
     async def open(self) -> AbstractRobustConnection:
         """Connect to the first URL that answers, trying them in turn with a backoff.
 
-        A failure no retry can fix ends it at once: a refusal of the credentials or the vhost,
-        or of the TLS handshake (``tls.tls_failure``). Anything else is retried, one warning
-        per round naming each URL's cause (``failures.connect_failure``).
+        A failure no retry can fix ends it at once: a refusal of the credentials or the vhost
+        (one user database for every node), or of the TLS handshake (``tls.tls_failure``) by
+        every URL (a node's certificate is its own). Anything else is retried, one warning per
+        round naming each URL's cause (``failures.connect_failure``).
 
         Raises:
             BrokerRefusedError: a broker refused the credentials or the vhost.
@@ -189,33 +190,38 @@ class BrokerLink:
         delay_s = 0.5
         last_error: Exception | None = None
         last_of: dict[int, str] = {}  # each URL's last failure, for the final error
+        tls_failed: dict[int, str] = {}  # URLs whose TLS no retry can fix: all of them exit 2
         while True:
             failures: list[str] = []
             for _ in self._urls:
                 url = self._urls[self._index]
                 remaining = None if deadline is None else max(0.1, deadline - loop.time())
-                # Made here, not by ``connect_robust``: a cancel (a shutdown during startup) must
-                # close it, else its reconnect task swallows the cancel and the loop never ends.
+                # Made here, not by ``connect_robust``: a failed or cancelled attempt (a shutdown in
+                # startup) must close it, else its reconnect task swallows the cancel for ever.
                 connection = aio_pika.RobustConnection(
                     URL(url),
                     reconnect_interval=self._reconnect_interval_s,
                     client_properties={"connection_name": self._name},
                     ssl_context=self._contexts[self._index],
                 )
+                attempt_s = min(ATTEMPT_TIMEOUT_S, remaining or ATTEMPT_TIMEOUT_S)
                 try:
-                    await connection.connect(min(ATTEMPT_TIMEOUT_S, remaining or ATTEMPT_TIMEOUT_S))
-                except asyncio.CancelledError:
+                    await connection.connect(attempt_s)
+                except BaseException as exc:
                     with contextlib.suppress(Exception):
                         await asyncio.wait_for(connection.close(), timeout=5.0)
-                    raise
-                except Exception as exc:
+                    if not isinstance(exc, Exception):  # a cancel
+                        raise
                     if is_refusal(exc):
                         raise refused(exc, self.url_for_logs) from exc
                     context = self._contexts[self._index]
                     why = await tls_failure(exc, self._urls[self._index], context, remaining)
-                    if why is not None:
-                        raise BrokerTLSError(f"TLS with {self.url_for_logs} failed: {why}") from exc
-                    failures.append(f"{self.url_for_logs} ({connect_failure(exc)})")
+                    if why is not None:  # this node's certificate: another URL may do (rotation)
+                        tls_failed[self._index] = f"TLS with {self.url_for_logs} failed: {why}"
+                        if len(tls_failed) == len(self._urls):
+                            raise BrokerTLSError(tls_failed[self._index]) from exc
+                        _logger.warning("%s; trying the next URL", tls_failed[self._index])
+                    failures.append(f"{self.url_for_logs} ({why or connect_failure(exc)})")
                     last_of[self._index] = failures[-1]
                     self._index = (self._index + 1) % len(self._urls)
                     last_error = exc
