@@ -14,6 +14,7 @@ from typing import Final
 from async_task_api_worker.engine.hold import PLACED_CONFIRM_WAIT_S
 from async_task_api_worker.observability.redaction import exception_type_name, safe_traceback
 from async_task_api_worker.settings import WorkerSettings, WorkerTransport
+from async_task_api_worker.task_call import error_hooks
 
 __all__ = [
     "CLOSE_TIMEOUT_S",
@@ -130,7 +131,8 @@ async def run_shutdown_hooks(hooks: Sequence[Hook], budget_s: float) -> None:
     """Run the shutdown hooks in order within ``budget_s`` seconds in total.
 
     Each hook gets what is left of the budget; one that overruns is cancelled, one that raises
-    is logged; the next hooks still run (with what is left).
+    is logged; the next hooks still run (with what is left). The ``on_task_error`` hooks still
+    busy get what is left after them (``task_call.error_hooks.drain``).
     """
     loop = asyncio.get_running_loop()
     deadline = loop.time() + budget_s
@@ -150,3 +152,8 @@ async def run_shutdown_hooks(hooks: Sequence[Hook], budget_s: float) -> None:
             )
         except Exception as exc:
             _logger.error("Shutdown hook %s raised %s", _name(hook), exception_type_name(exc))
+    # The on_task_error hooks still busy (a tracker's network call) share what is left: the
+    # process must not wait for them past the shutdown bound as it exits.
+    left = deadline - loop.time()
+    if not await asyncio.to_thread(error_hooks.drain, max(0.0, left)):
+        _logger.warning("The on_task_error hooks did not finish within the shutdown hooks' time")

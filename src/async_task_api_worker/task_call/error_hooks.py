@@ -24,7 +24,7 @@ from async_task_api_worker.context import SyncTaskContext, TaskContext
 from async_task_api_worker.observability.redaction import exception_type_name, safe_traceback
 from async_task_api_worker.task_definition import TaskErrorHook, TaskErrorInput, qualified
 
-__all__ = ["MAX_WAITING", "ErrorHooks", "error_of", "tell"]
+__all__ = ["MAX_WAITING", "ErrorHooks", "drain", "error_of", "tell"]
 
 _logger = logging.getLogger("async_task_api_worker.engine")
 
@@ -64,6 +64,7 @@ class ErrorHooks:
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._dropping = False
+        self._exit_wait_s = EXIT_WAIT_S
 
     def tell(self, hooks: tuple[TaskErrorHook, ...], error: TaskErrorInput) -> None:
         """Hand ``error`` to ``hooks`` on the hooks' thread; never blocks, never raises."""
@@ -73,7 +74,7 @@ class ErrorHooks:
                     target=self._run, name="atw-error-hooks", daemon=True
                 )
                 self._thread.start()
-                atexit.register(self.wait_idle, EXIT_WAIT_S)
+                atexit.register(lambda: self.wait_idle(self._exit_wait_s))
         try:
             self._queue.put_nowait((hooks, error))
         except queue.Full:
@@ -99,6 +100,11 @@ class ErrorHooks:
                     return False
                 self._queue.all_tasks_done.wait(left)
         return True
+
+    def drain(self, timeout_s: float) -> bool:
+        """:meth:`wait_idle` as a worker shuts down, within its bound: the exit waits no more."""
+        self._exit_wait_s = 0.0
+        return self.wait_idle(timeout_s)
 
     def _run(self) -> None:
         while True:
@@ -126,6 +132,15 @@ def _call(hook: TaskErrorHook, error: TaskErrorInput) -> None:
 
 #: The process's hooks' thread.
 _HOOKS: Final = ErrorHooks()
+
+
+def drain(timeout_s: float) -> bool:
+    """Wait up to ``timeout_s`` seconds for the hooks to take what they were handed (shutdown).
+
+    Returns:
+        Whether they did; the process's exit then waits for them no more.
+    """
+    return _HOOKS.drain(timeout_s)
 
 
 def tell(

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import logging
+import subprocess
+import sys
 import textwrap
 import threading
 from collections.abc import Iterator
@@ -19,6 +21,7 @@ from async_task_api_worker.errors import RemoteHandlerError
 from async_task_api_worker.observability.logging import JsonFormatter, TaskContextFilter
 from async_task_api_worker.protocol.codes import ErrorCode
 from async_task_api_worker.task_call import ErrorHooks
+from async_task_api_worker.task_call.error_hooks import EXIT_WAIT_S
 from async_task_api_worker.testing import WorkerHarness
 from tests.unit.integrations.hook_workers import (
     ISOLATED_TRACKER,
@@ -167,6 +170,32 @@ def test_errors_handed_over_as_the_process_exits_still_reach_the_hook() -> None:
     )
     done = fresh_interpreter(script)
     assert done.stdout.strip() == "hooked t-exit ValueError"
+
+
+def test_a_hung_hook_is_waited_for_within_the_shutdown_hooks_time_not_after() -> None:
+    # The shutdown bound (runtime.hooks.shutdown_bound_s) has no room for EXIT_WAIT_S: the
+    # hooks' wait is part of WORKER_SHUTDOWN_HOOKS_TIMEOUT_S, and the exit then waits no more.
+    script = textwrap.dedent(
+        """
+        import asyncio, threading
+        from async_task_api_worker.runtime.hooks import run_shutdown_hooks
+        from async_task_api_worker.task_call import tell
+        from async_task_api_worker.testing import make_task_context
+
+        tell((lambda error: threading.Event().wait(),), ValueError("x"), make_task_context())
+        asyncio.run(run_shutdown_hooks([], budget_s=0.2))
+        print("shut down", flush=True)
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=EXIT_WAIT_S,  # the exit's own wait would take this long again
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "shut down"
 
 
 async def test_tasks_conclude_while_their_hook_hangs() -> None:
