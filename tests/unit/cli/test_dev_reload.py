@@ -40,6 +40,8 @@ async def handle(task_input: Input, ctx: TaskContext) -> Output:
 """
 
 WAIT_S = 60
+#: The longest a dev worker with a 1 s grace takes to drain and exit, in seconds.
+DRAIN_S = 30
 
 
 class _Lines:
@@ -145,3 +147,70 @@ def test_the_watched_roots_are_the_directory_and_the_modules_own(tmp_path: Path)
     (here / "near_worker.py").write_text("")
     assert watched_roots("near_worker:worker", here) == [here.resolve()]
     assert watched_roots("no_such_module:worker", here) == [here.resolve()]
+
+
+SLOW = """
+import asyncio
+
+from pydantic import BaseModel
+
+from async_task_api_worker import TaskContext, Worker
+
+
+class Input(BaseModel):
+    n: int
+
+
+class Output(BaseModel):
+    done: bool
+
+
+worker = Worker("slow")
+
+
+@worker.task(timeout=600)
+async def handle(task_input: Input, ctx: TaskContext) -> Output:
+    await asyncio.sleep(600)
+    return Output(done=True)
+"""
+
+
+def test_a_worker_does_not_outlive_its_reloader(project: Path) -> None:
+    # A closed terminal (SIGHUP) or a SIGKILL ends the reloader: its child, in a session of its
+    # own, drains at once instead of running its task on as an orphan.
+    (project / "my_worker.py").write_text(SLOW)
+    env = {**os.environ, "LOG_FORMAT": "json", "WORKER_SHUTDOWN_GRACE_S": "1"}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "async_task_api_worker", "dev", "--reload", "my_worker:worker"],
+        cwd=project,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    children: list[str] = []
+    try:
+        assert process.stdin is not None and process.stdout is not None
+        assert process.stderr is not None
+        out, err = _Lines(process.stdout), _Lines(process.stderr)
+        err.until("dev --reload: watching")
+        process.stdin.write('{"n": 1}\n')
+        process.stdin.flush()
+        out.until('"type":"started"')
+        children = Path(f"/proc/{process.pid}/task/{process.pid}/children").read_text().split()
+        assert children
+        process.kill()
+        process.wait(WAIT_S)
+        # The child held the same stdout: it ends once the child is gone too.
+        assert out.ended.wait(DRAIN_S), "the dev worker outlived its reloader"
+    finally:
+        for child in children:  # what a failure left behind
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(child), signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            process.kill()
+        process.wait(WAIT_S)
+        for stream in (process.stdin, process.stdout, process.stderr):  # no reader holds them now
+            with contextlib.suppress(OSError):
+                stream.close()  # type: ignore[union-attr]

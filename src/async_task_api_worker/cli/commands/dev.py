@@ -26,7 +26,11 @@ from async_task_api_worker.errors import ReportEncodeError, TargetError
 from async_task_api_worker.observability.logging import configure_logging
 from async_task_api_worker.runtime.exit_codes import ExitCode, say_error
 from async_task_api_worker.runtime.runner import Runner, RunnerState
-from async_task_api_worker.runtime.signals import shutdown_on_signals
+from async_task_api_worker.runtime.signals import (
+    SUPERVISOR_GONE,
+    drain_once_on,
+    shutdown_on_signals,
+)
 from async_task_api_worker.settings import WorkerSettings, load_settings
 from async_task_api_worker.transports.memory import InMemoryTransport, PublishedReport
 
@@ -181,6 +185,7 @@ def dev_command(target: str, path: str, *, flags: Mapping[str, str] | None = Non
         ConfigError: the target, its definition or a setting is wrong (the caller exits 2).
     """
     settings = readable(load_settings(flags))
+    _follow_the_reloader()
     worker = load_target(target, settings, stream=sys.stderr)
     # stdout carries the reports
     configure_logging(settings.log_level, log_format=settings.log_format, stream=sys.stderr)
@@ -194,3 +199,17 @@ def dev_command(target: str, path: str, *, flags: Mapping[str, str] | None = Non
         return ExitCode.CONFIG
     with source:
         return asyncio.run(_serve(worker, settings, source))
+
+
+def _follow_the_reloader() -> None:
+    """Under ``dev --reload``: drain when the reloader dies, as a supervised process does."""
+    from async_task_api_worker.cli.commands.reload import RELOADER_ENV
+    from async_task_api_worker.executors.process.group import die_with_parent
+
+    reloader = os.environ.pop(RELOADER_ENV, None)
+    if reloader is None:
+        return
+    drain_once_on(SUPERVISOR_GONE)
+    die_with_parent(SUPERVISOR_GONE)
+    if str(os.getppid()) != reloader:  # it died before the request took hold
+        raise SystemExit(ExitCode.OK)

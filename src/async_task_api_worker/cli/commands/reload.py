@@ -10,7 +10,10 @@ start by each child, so that a change re-runs the same tasks on the new code. St
 once, by the reloader: its lines are kept, fed to each new child from the first, then the ones
 that follow as they come; at its end, each child's input ends after them. A child that ends (its
 input done, or a module that does not import) leaves the reloader waiting for the next change.
-SIGINT or SIGTERM stops the child, then the reloader.
+SIGINT, SIGTERM or SIGHUP stops the child, then the reloader; a second one (past a launcher's
+echo, ``runtime.signals.ECHO_WINDOW_S``) is handed on, and ends the child's grace period. A
+child drains when the reloader dies (``PR_SET_PDEATHSIG``, as a supervised worker process does):
+none is left orphaned by a closed terminal or a SIGKILL.
 """
 
 from __future__ import annotations
@@ -22,15 +25,20 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from types import FrameType
 from typing import IO, Final
 
 from async_task_api_worker.runtime.exit_codes import ExitCode, say_error
+from async_task_api_worker.runtime.signals import ECHO_WINDOW_S
 from async_task_api_worker.setting_flags import flag_arguments
 
-__all__ = ["reload_command", "watched_roots"]
+__all__ = ["RELOADER_ENV", "reload_command", "watched_roots"]
+
+#: Set in each child's environment to the reloader's pid: the child drains when it dies.
+RELOADER_ENV: Final = "ATW_DEV_RELOADER_PID"
 
 #: Milliseconds between two looks at the reloader's own state while no file changes.
 _TICK_MS: Final = 200
@@ -121,6 +129,7 @@ def _start(target: str, path: str, flags: Mapping[str, str], feed: _Input) -> su
         [*command, *flag_arguments(flags)],
         stdin=subprocess.PIPE if feed.stdin else subprocess.DEVNULL,
         text=True,
+        env={**os.environ, RELOADER_ENV: str(os.getpid())},
         start_new_session=True,  # a Ctrl-C reaches the reloader alone, which stops the child
     )
     feed.attach(child.stdin)
@@ -158,16 +167,22 @@ def reload_command(target: str, path: str, *, flags: Mapping[str, str] | None = 
         say_error(f"cannot read {path}")
         return ExitCode.CONFIG
     stop = threading.Event()
+    child: subprocess.Popen[str] | None = None
+    stopped_at = [0.0]
 
     def on_signal(number: int, frame: FrameType | None) -> None:
-        stop.set()
+        if not stop.is_set():
+            stopped_at[0] = time.monotonic()
+            stop.set()
+        elif child is not None and time.monotonic() - stopped_at[0] >= ECHO_WINDOW_S:
+            with contextlib.suppress(ProcessLookupError):  # a second request: no grace left
+                child.send_signal(signal.SIGTERM)
 
-    for number in (signal.SIGINT, signal.SIGTERM):
+    for number in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(number, on_signal)
     roots = watched_roots(target, Path.cwd())
     feed = _Input(path)
     flags = dict(flags or {})
-    child: subprocess.Popen[str] | None = None
     for changes in watchfiles.watch(
         *roots,
         watch_filter=watchfiles.PythonFilter(),
@@ -179,7 +194,7 @@ def reload_command(target: str, path: str, *, flags: Mapping[str, str] | None = 
             print(f"dev --reload: watching {', '.join(map(str, roots))}", file=sys.stderr)
             feed.start_reading()
             child = _start(target, path, flags, feed)
-        elif changes:
+        elif changes and not stop.is_set():
             names = sorted({Path(name).name for _, name in changes})
             print(f"dev --reload: {', '.join(names)} changed; restarting", file=sys.stderr)
             _stop(child)
