@@ -14,7 +14,8 @@ import contextlib
 import json
 import os
 import pty
-import selectors
+import select
+import shlex
 import signal
 import subprocess
 import sys
@@ -30,7 +31,7 @@ from async_task_api_worker.cli import main
 from async_task_api_worker.cli.commands.operate import inspect_bound_s
 from async_task_api_worker.protocol.reports import StartedReport
 from async_task_api_worker.runtime.exit_codes import ExitCode
-from tests.integration.conftest import REPO, Queues, _make_vhost, rabbitmqctl
+from tests.integration.conftest import RABBITMQCTL, REPO, Queues, _make_vhost, rabbitmqctl
 from tests.integration.test_cli_on_rabbitmq import cli
 from tests.polling import wait_for
 
@@ -79,7 +80,9 @@ def inspect_in_process(
         monkeypatch.setenv(name, value)
     monkeypatch.delenv("BROKER_URL", raising=False)
     began = time.monotonic()
-    code = main(["inspect", "--service", service, "--broker-url", queues.url, *extra])
+    # The tests' broker's own rabbitmqctl (a 4.x node's is not the one on PATH).
+    broker = ["--rabbitmqctl", shlex.join(RABBITMQCTL)]
+    code = main(["inspect", "--service", service, "--broker-url", queues.url, *broker, *extra])
     return code, time.monotonic() - began
 
 
@@ -206,17 +209,27 @@ def asked(arguments: tuple[str, ...], env: dict[str, str], answer: str) -> tuple
 
 
 def lines_until(stream: IO[str], wanted: str, timeout_s: float = 30.0) -> list[str]:
-    """The lines ``stream`` gives until one holds ``wanted`` (AssertionError after timeout)."""
-    selector = selectors.DefaultSelector()
-    selector.register(stream, selectors.EVENT_READ)
+    """The lines ``stream`` gives until one holds ``wanted`` (AssertionError after timeout).
+
+    Read from its descriptor, not its buffered reader: a readline may take several lines into
+    the buffer, and a select on the descriptor would then wait for lines already read.
+    """
+    descriptor = stream.fileno()
     deadline = time.monotonic() + timeout_s
     seen: list[str] = []
+    pending = b""
     while not any(wanted in line for line in seen):
+        if b"\n" in pending:
+            line, pending = pending.split(b"\n", 1)
+            seen.append(line.decode() + "\n")
+            continue
         left = deadline - time.monotonic()
-        assert left > 0 and selector.select(left), f"{wanted!r} not in {seen}"
-        line = stream.readline()
-        assert line, f"the stream ended before {wanted!r}: {seen}"
-        seen.append(line)
+        ready, _, _ = select.select([descriptor], [], [], max(0.0, left))
+        assert ready, f"{wanted!r} not in {seen}"
+        chunk = os.read(descriptor, 65536)
+        assert chunk, f"the stream ended before {wanted!r}: {seen}"
+        pending += chunk
+    assert not pending, f"lines after {wanted!r} would be lost: {pending!r}"
     return seen
 
 
