@@ -13,6 +13,7 @@ import aio_pika
 from async_task_api_worker.client import build_envelope
 from tests.integration.conftest import Queues
 from tests.integration.test_cli_on_rabbitmq import cli
+from tests.integration.test_traces_on_rabbitmq import reports_of_one_task
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT = f"00-{TRACE_ID}-00f067aa0ba902b7-01"
@@ -72,17 +73,9 @@ async def _publish_and_read_reports(queues: Queues) -> list[aio_pika.abc.Abstrac
             aio_pika.Message(body, headers={"traceparent": PARENT, "tracestate": "vendor=x"}),
             routing_key=queues.in_queue,
         )
-        queue = await channel.get_queue(queues.out_queue, ensure=False)
-        received: list[aio_pika.abc.AbstractIncomingMessage] = []
-        async with queue.iterator() as messages:
-            async for message in messages:
-                await message.ack()
-                received.append(message)
-                if message.type in ("success", "failure"):
-                    return received
     finally:
         await connection.close()
-    raise AssertionError("the output queue ended")
+    return await reports_of_one_task(queues)
 
 
 def test_a_worker_with_no_tracer_provider_passes_the_envelopes_trace_on_to_its_reports(

@@ -22,7 +22,7 @@ from tests.traces import ids, parent_id
 from tests.traces import traced as tracing_to_memory
 
 
-async def _reports(queues: Queues) -> list[aio_pika.abc.AbstractIncomingMessage]:
+async def reports_of_one_task(queues: Queues) -> list[aio_pika.abc.AbstractIncomingMessage]:
     """The worker's reports of one task, up to its terminal one, read as they are."""
     connection = await aio_pika.connect(queues.url)
     try:
@@ -62,7 +62,7 @@ async def test_one_trace_from_submit_through_a_process_isolated_task_to_its_repo
         async with client:
             with spans.tracer.start_as_current_span("POST /tasks") as request:
                 task_id = await client.submit({})
-            reports = await asyncio.wait_for(_reports(queues), timeout=60)
+            reports = await asyncio.wait_for(reports_of_one_task(queues), timeout=60)
         runner.request_shutdown("test")
         assert await serving is ExitCode.OK
 
