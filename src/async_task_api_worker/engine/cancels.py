@@ -60,7 +60,7 @@ class CancelBook:
         self._monotonic = monotonic
         # Per task id, its runs here: each token with the run's reporter (read only when an
         # operator asks what runs: nothing is built per delivery for that).
-        self._running: dict[str, dict[CancelToken, Running | None]] = {}
+        self._running: dict[str, dict[CancelToken, Running]] = {}
         self._remembered: OrderedDict[str, float] = OrderedDict()
         self._finished: OrderedDict[str, float] = OrderedDict()
 
@@ -78,7 +78,7 @@ class CancelBook:
         self._keep(self._remembered, task_id)
         return CancelResult.REMEMBERED
 
-    def start(self, task_id: str, run: Running | None = None) -> CancelToken:
+    def start(self, task_id: str, run: Running) -> CancelToken:
         """Register a run of ``task_id``; its token is cancelled already when a cancel came first.
 
         ``run`` (the delivery's reporter) is what :meth:`running` reads of it. Call
@@ -94,12 +94,11 @@ class CancelBook:
     def running(self) -> list[tuple[str, int, float]]:
         """``(task id, attempt, seconds since its delivery came)`` of each run here now.
 
-        Built when asked (``inspect``); a run registered without its reporter shows attempt 0
-        and 0 s.
+        Built when asked (``inspect``).
         """
         now = self._monotonic()
         return [
-            (task_id, 0, 0.0) if run is None else (task_id, run.attempt, now - run.arrived_at)
+            (task_id, run.attempt, now - run.arrived_at)
             for task_id, runs in self._running.items()
             for run in runs.values()
         ]

@@ -171,27 +171,37 @@ async def test_cancels_from_the_request_body_and_malformed_ones_are_counted() ->
     ]
 
 
+class _Run:
+    def __init__(self, attempt: int, arrived_at: float) -> None:
+        self.attempt = attempt
+        self.arrived_at = arrived_at
+
+
+#: A run the tests do not read back.
+RUN = _Run(1, 0.0)
+
+
 def test_the_book_forgets_the_oldest_and_the_expired() -> None:
     now = [0.0]
     book = CancelBook(memory=2, memory_s=10.0, monotonic=lambda: now[0])
     assert book.request("a") is CancelResult.REMEMBERED
     assert book.request("b") is CancelResult.REMEMBERED
     assert book.request("c") is CancelResult.REMEMBERED  # "a" is dropped: the oldest
-    assert not book.start("a").cancelled
+    assert not book.start("a", RUN).cancelled
     now[0] = 11.0
-    assert not book.start("b").cancelled  # expired
-    assert not book.start("c").cancelled
+    assert not book.start("b", RUN).cancelled  # expired
+    assert not book.start("c", RUN).cancelled
 
 
 def test_a_book_without_memory_remembers_nothing() -> None:
     book = CancelBook(memory=0, memory_s=10.0, monotonic=lambda: 0.0)
     assert book.request("a") is CancelResult.NOT_REMEMBERED
-    assert not book.start("a").cancelled
+    assert not book.start("a", RUN).cancelled
 
 
 def test_a_cancel_stops_every_run_of_the_task_here() -> None:
     book = CancelBook(memory=10, memory_s=10.0, monotonic=lambda: 0.0)
-    first, second = book.start("a"), book.start("a")
+    first, second = book.start("a", RUN), book.start("a", RUN)
     assert book.request("a") is CancelResult.RUNNING
     assert first.cancelled and second.cancelled
     book.finish("a", first, concluded=True)
@@ -243,19 +253,13 @@ async def test_a_cancel_during_a_retry_backoff_concludes_the_task_instead_of_a_r
 
 def test_a_cancelled_run_that_did_not_conclude_leaves_its_cancel_remembered() -> None:
     book = CancelBook(memory=10, memory_s=10.0, monotonic=lambda: 0.0)
-    token = book.start("a")
+    token = book.start("a", RUN)
     book.request("a")
     book.finish("a", token, concluded=False)  # given back: its report could not get out
-    assert book.start("a").cancelled  # the next delivery concludes without running
+    assert book.start("a", RUN).cancelled  # the next delivery concludes without running
 
 
 # --- what runs now, for inspect ----------------------------------------------------------------
-
-
-class _Run:
-    def __init__(self, attempt: int, arrived_at: float) -> None:
-        self.attempt = attempt
-        self.arrived_at = arrived_at
 
 
 def test_the_book_says_what_runs_with_its_attempt_and_elapsed_time() -> None:
