@@ -69,6 +69,13 @@ class EcsAgentStub:
     url: str = ""
     calls: list[dict[str, Any]] = field(default_factory=list)
     mode: str = "ok"
+    changed: threading.Condition = field(default_factory=threading.Condition)
+
+    def wait_calls(self, count: int, timeout_s: float = 30.0) -> list[dict[str, Any]]:
+        """The calls once ``count`` came: protection goes off after the execution may end."""
+        with self.changed:
+            self.changed.wait_for(lambda: len(self.calls) >= count, timeout_s)
+        return self.calls
 
 
 @pytest.fixture
@@ -78,7 +85,9 @@ def ecs_agent() -> Iterator[EcsAgentStub]:
     class Handler(BaseHTTPRequestHandler):
         def do_PUT(self) -> None:
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            stub.calls.append({"path": self.path, "body": body, "at": time.monotonic()})
+            with stub.changed:
+                stub.calls.append({"path": self.path, "body": body, "at": time.monotonic()})
+                stub.changed.notify_all()
             if stub.mode == "hang":
                 time.sleep(30)  # an agent that never answers: the worker's call times out
                 return

@@ -86,7 +86,7 @@ def test_the_example_worker_succeeds_and_fails_with_its_code_on_step_functions(
     assert 'worker_tasks_total{status="success"} 1.0' in metrics
     assert 'worker_tasks_total{status="failure"} 1.0' in metrics
     # ECS task protection wrapped each message: on before, off after.
-    assert [call["body"]["ProtectionEnabled"] for call in ecs_agent.calls] == [
+    assert [call["body"]["ProtectionEnabled"] for call in ecs_agent.wait_calls(4)] == [
         True,
         False,
         True,
