@@ -1,8 +1,8 @@
 """Workers for the probes, metrics and logs tests, run as real processes.
 
 ``$ATW_TEST_MARKERS`` is the folder they share with the test: ``database-down`` makes the
-readiness probe fail, each probe call appends a line to ``probe-calls``, and a ``wait`` task
-waits for a file named ``release``.
+readiness probe fail, ``probe-hold`` holds it, each probe call appends a line to
+``probe-calls``, and a ``wait`` task waits for a file named ``release``.
 """
 
 from __future__ import annotations
@@ -40,10 +40,11 @@ observed = Worker("observed")
 
 @observed.readiness_probe(name="database")
 async def database() -> bool:
-    """Ready unless ``database-down`` exists; slow enough for requests to overlap."""
+    """Ready unless ``database-down`` exists; held while ``probe-hold`` exists."""
     with (_folder() / "probe-calls").open("a") as calls:
         calls.write("call\n")
-    await asyncio.sleep(0.5)
+    while (_folder() / "probe-hold").exists():
+        await asyncio.sleep(0.01)  # the test, another process, lets it go by removing the file
     return not (_folder() / "database-down").exists()
 
 

@@ -23,7 +23,7 @@ from tests.integration.conftest import (
     rabbitmqctl,
     wait_for,
 )
-from tests.probes_client import Answer, get, request
+from tests.probes_client import Answer, get, parse, request, request_bytes
 
 TARGET = "tests.integration.observed_workers:observed"
 
@@ -169,14 +169,37 @@ async def test_concurrent_ready_calls_run_the_probe_hooks_once(
     wait_for(lambda: ready_is(url, 200), what="ready")
     calls = markers / "probe-calls"
     calls.unlink()
+    hold = markers / "probe-hold"
+    hold.touch()
+    sent = 0
+    all_sent = asyncio.Event()
 
     async def ask() -> Answer | None:
+        nonlocal sent
         try:
-            return await request(port, "/ready")
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            with contextlib.suppress(ConnectionError):
+                writer.write(request_bytes("GET", "/ready"))
+                await writer.drain()
+        except ConnectionError:
+            return None
+        finally:
+            sent += 1
+            if sent == 50:
+                all_sent.set()
+        try:
+            return parse(await reader.read())
         except (ConnectionError, IndexError, ValueError):
             return None  # past the connection limit: closed at once
+        finally:
+            writer.close()
 
-    answers = await asyncio.gather(*(ask() for _ in range(50)))
+    async def release() -> None:
+        # Every request is on its way before the one evaluation may end: all share it.
+        await all_sent.wait()
+        hold.unlink()
+
+    *answers, _ = await asyncio.gather(*(ask() for _ in range(50)), release())
     served = [answer for answer in answers if answer is not None and answer.status]
     assert len(served) >= MAX_CONNECTIONS
     assert {answer.status for answer in served} == {200}
