@@ -19,6 +19,8 @@ from async_task_api_worker.runtime.entry import shutdown_bounds
 from async_task_api_worker.runtime.processes import shutdown_bound_of
 from async_task_api_worker.settings import load_settings
 from tests.integration.conftest import Queues, broker_url, wait_for
+from tests.integration.test_run_on_rabbitmq import reading
+from tests.polling import until
 from tests.probes_client import get
 
 TWO = ("--processes", "2")
@@ -129,15 +131,22 @@ async def test_a_killed_process_comes_back_and_no_task_is_lost(
     url = wait_ready(worker)
     async with queues.client("sleeping") as client:
         held = await client.submit({"seconds": 3600})  # only its first attempt sleeps
-        wait_for(lambda: len(pids_of(markers, held)) == 1, what="the long task to start")
+        held_reports, read = reading(client, held)
+        # Its ``started`` report too: it is published beside the handler, so a kill right after
+        # the call began (a loaded machine) could come before it left.
+        await until(
+            lambda: len(pids_of(markers, held)) == 1 and len(held_reports) == 1,
+            what="the long task to start, and its started report",
+        )
         (victim,) = pids_of(markers, held)
         name = next(n for n, pids in started_pids(worker).items() if pids[-1] == victim)
         others = [await client.submit({"seconds": 0.2}) for _ in range(6)]
         os.kill(victim, signal.SIGKILL)
         worker.wait_for_log("ended unexpectedly (killed by SIGKILL)")
         wait_for(lambda: len(started_pids(worker)[name]) == 2, what=f"{name} started again")
-        reports = await all_reports(client, [held, *others])
-    assert [(r.type, r.attempt) for r in reports[held]] == [
+        reports = await all_reports(client, others)
+        await asyncio.wait_for(read, timeout=90)
+    assert [(r.type, r.attempt) for r in held_reports] == [
         ("started", 1),
         ("started", 2),
         ("success", 2),
@@ -145,9 +154,17 @@ async def test_a_killed_process_comes_back_and_no_task_is_lost(
     for task_id in others:
         assert [r.type for r in reports[task_id]][-1] == "success"
     wait_for(lambda: get(url, "/ready").status == 200, what="ready again")
-    log = worker.log()
+
+    def successes(task_id: str) -> int:
+        return sum(
+            task_id in line and "outcome=success" in line for line in worker.log().splitlines()
+        )
+
+    # A decision line follows the settle, after the report the client already has: under load
+    # a moment later.
+    wait_for(lambda: all(successes(t) for t in [held, *others]), what="every decision line")
     for task_id in [held, *others]:  # exactly one terminal decision per task
-        assert sum(task_id in line and "outcome=success" in line for line in log.splitlines()) == 1
+        assert successes(task_id) == 1
     queues.assert_drained(queues.in_queue)
     queues.assert_drained(queues.out_queue)  # nothing more was reported for any of them
 
