@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+from collections.abc import Iterator
 
 import pytest
 
@@ -61,6 +63,9 @@ async def test_a_closed_channel_is_reopened_and_the_consumer_restored(
     transport = transport_for(queues)
     runner = Runner(worker, load_settings({}, read_environment=False), transport)
     serving = asyncio.create_task(runner.serve())
+    # Consuming before the client comes: a loaded node's quorum queue, declared by both at
+    # once, can close the client's connection with INTERNAL_ERROR.
+    await until(lambda: transport.consuming, 30, "the consumer to start")
     async with queues.client("count-words") as client:
         await succeeds(client, "before")
         await close_consume_channel(queues)
@@ -88,6 +93,23 @@ class _Said(logging.Handler):
         while self.count < count:
             self.changed.clear()
             await self.changed.wait()
+
+
+@contextlib.contextmanager
+def transport_says(text: str) -> Iterator[_Said]:
+    """Count the RabbitMQ transport's lines (its INFO ones too) that contain ``text``, in this
+    process: a worker serving in the test's loop says ``Connected to`` once its queues are
+    declared."""
+    said = _Said(text)
+    log = logging.getLogger("async_task_api_worker.transports.rabbitmq")
+    level = log.level
+    log.setLevel(logging.INFO)
+    log.addHandler(said)
+    try:
+        yield said
+    finally:
+        log.setLevel(level)
+        log.removeHandler(said)
 
 
 async def test_a_channel_that_keeps_closing_stops_the_worker_with_failure(queues: Queues) -> None:

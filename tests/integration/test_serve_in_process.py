@@ -9,6 +9,7 @@ import pytest
 from async_task_api_worker.errors import BrokerRefusedError
 from examples.count_words import worker
 from tests.integration.conftest import Queues, broker_url
+from tests.integration.test_channel_failures import transport_says
 from tests.integration.test_run_on_rabbitmq import collect
 
 
@@ -17,7 +18,11 @@ async def test_serve_works_in_the_callers_loop_and_drains_when_cancelled(
 ) -> None:
     for name, value in queues.env().items():
         monkeypatch.setenv(name, value)
-    serving = asyncio.create_task(worker.serve())
+    with transport_says("Connected to") as connected:
+        serving = asyncio.create_task(worker.serve())
+        # Its queues declared before the client declares them too: a loaded node's quorum
+        # queue, declared by both at once, can close the client's connection (INTERNAL_ERROR).
+        await asyncio.wait_for(connected.reach(1), timeout=30)
     async with queues.client("count-words") as client:
         task_id = await client.submit({"text": "in process"})
         reports = await collect(client, task_id)

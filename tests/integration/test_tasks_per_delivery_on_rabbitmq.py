@@ -22,6 +22,7 @@ from pydantic import BaseModel
 import async_task_api_worker
 from async_task_api_worker import TaskContext, Worker
 from tests.integration.conftest import Queues
+from tests.integration.test_channel_failures import transport_says
 
 PACKAGE = Path(async_task_api_worker.__file__).parent
 #: The settles of a turn of the loop go out together, from one task for the whole batch.
@@ -62,6 +63,10 @@ async def test_a_delivery_costs_three_tasks_of_the_sdk_and_no_task_per_report(
     loop.set_task_factory(factory)  # type: ignore[arg-type]
     serving = asyncio.ensure_future(worker.serve())
     try:
+        # Its queues declared before the client declares them too: a loaded node's quorum
+        # queue, declared by both at once, can close the client's connection (INTERNAL_ERROR).
+        with transport_says("Connected to") as connected:
+            await asyncio.wait_for(connected.reach(1), timeout=30)
         await asyncio.to_thread(asyncio.run, _submit_and_wait(queues, counting))
     finally:
         counting.clear()
