@@ -6,12 +6,15 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import aio_pika
 
 from async_task_api_worker.client import build_envelope
-from tests.integration.conftest import Queues
+from tests.integration.conftest import REPO, Queues, wait_for
 from tests.integration.test_cli_on_rabbitmq import cli
 from tests.integration.test_traces_on_rabbitmq import reports_of_one_task
 
@@ -29,14 +32,15 @@ def _console_spans(stderr: str) -> list[dict[str, Any]]:
     return spans
 
 
-async def _first_message(url: str, queue_name: str) -> aio_pika.abc.AbstractIncomingMessage:
+async def _given_back(url: str, queue_name: str) -> aio_pika.abc.AbstractIncomingMessage:
+    """The first message on ``queue_name``, read, then given back (for the next consumer)."""
     connection = await aio_pika.connect(url)
     try:
         channel = await connection.channel()
         queue = await channel.get_queue(queue_name, ensure=False)
         async with queue.iterator() as messages:
             async for message in messages:
-                await message.ack()
+                await message.nack(requeue=True)
                 return message
     finally:
         await connection.close()
@@ -44,18 +48,43 @@ async def _first_message(url: str, queue_name: str) -> aio_pika.abc.AbstractInco
 
 
 def test_the_envelope_leaving_submit_carries_the_traceparent_of_its_send_span(
-    queues: Queues,
+    queues: Queues, start_worker: Any, tmp_path: Path
 ) -> None:
-    # No worker: the envelope stays in the input queue, to be read here.
-    done = cli(
-        "submit", '{"text": "a b"}', "--service", "count-words", "--timeout-s", "2",
-        env=queues.env(OTEL_TRACES_EXPORTER="console", OTEL_SERVICE_NAME="my-api"),
-    )  # fmt: skip
-    assert done.returncode == 1, done.stderr  # no terminal report within 2 s: nobody serves
-    (span,) = [s for s in _console_spans(done.stderr) if s["name"] == f"send {queues.in_queue}"]
+    # The envelope is read here while submit waits, then a worker started after answers it and
+    # submit ends: no window in which submit must publish (a short --timeout-s with nobody
+    # serving was one, and a loaded node's quorum queue can take seconds to declare).
+    out, err = tmp_path / "submit.out", tmp_path / "submit.err"
+    with out.open("w") as stdout, err.open("w") as stderr:
+        submit = subprocess.Popen(
+            [
+                sys.executable, "-m", "async_task_api_worker", "submit", '{"text": "a b"}',
+                "--service", "count-words", "--timeout-s", "60",
+            ],
+            cwd=REPO,
+            env=queues.env(OTEL_TRACES_EXPORTER="console", OTEL_SERVICE_NAME="my-api"),
+            stdout=stdout,
+            stderr=stderr,
+        )  # fmt: skip
+
+    def published() -> bool:
+        if "submitted task " in err.read_text():
+            return True
+        assert submit.poll() is None, err.read_text()  # it ended without publishing
+        return False
+
+    try:
+        wait_for(published, 60, lambda: f"the envelope published:\n{err.read_text()}")
+        envelope = asyncio.run(_given_back(queues.url, queues.in_queue))
+        start_worker("examples.count_words:worker", queues.env())
+        assert submit.wait(timeout=60) == 0, err.read_text()
+    finally:
+        if submit.poll() is None:
+            submit.kill()
+            submit.wait()
+    spans = _console_spans(err.read_text())
+    (span,) = [s for s in spans if s["name"] == f"send {queues.in_queue}"]
     assert span["kind"] == "SpanKind.PRODUCER"
     assert span["resource"]["attributes"]["service.name"] == "my-api"
-    envelope = asyncio.run(_first_message(queues.url, queues.in_queue))
     traceparent = envelope.headers["traceparent"]
     assert isinstance(traceparent, str)
     assert traceparent.split("-")[1:3] == [
