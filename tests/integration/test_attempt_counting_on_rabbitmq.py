@@ -24,11 +24,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import aio_pika
 import pytest
 
 from async_task_api_worker.client import TaskClient
+from async_task_api_worker.settings import load_settings
 from scripts.rabbitmq_nodes import Node, NodeSpec, default_root, root_ready
 from tests.integration.conftest import Queues, rabbitmqctl
+from tests.integration.counting_workers import counting
 from tests.integration.delivery_tap import DeliveryTap
 from tests.integration.tcp_proxy import TcpProxy
 from tests.polling import wait_for
@@ -207,6 +210,13 @@ HOLD_WORKER = {
     "WORKER_CONSUMER_TIMEOUT_S": "20",
 }
 HOLD_GIVEN_BACK = "reason=report_held_until_consumer_timeout"
+_HOLD_SETTINGS = load_settings(
+    {name.lower(): value for name, value in HOLD_WORKER.items()}, read_environment=False
+)
+#: How long the worker holds a refused report's delivery (19 s), from the settings above.
+HOLD_S = _HOLD_SETTINGS.delivery_hold_s(
+    _HOLD_SETTINGS.task_timeout_s(counting.task_definition.timeout_s)
+)
 
 
 @pytest.mark.timeout(120)  # two holds of 19 s, and the broker's CLI on a loaded machine
@@ -231,7 +241,8 @@ async def test_a_held_report_given_back(
         task_id = await submitter.submit({"first": "answer"})
     finally:
         await submitter.close()
-    worker.wait_for_log(HOLD_GIVEN_BACK)
+    # The give-back comes HOLD_S after the hand-out: the wait's slack is the loaded machine's.
+    worker.wait_for_log(HOLD_GIVEN_BACK, timeout_s=HOLD_S + 30)
     # Empty first, then lift the limit: the redelivery's reports (held and retried meanwhile)
     # land after the purge, which takes only fillers.
     rabbitmqctl("purge_queue", "-p", queues.vhost, queues.out_queue)
@@ -250,8 +261,6 @@ async def fill(url: str, queue: str) -> None:
     confirmed two publishes and nacked the third, so the one filler of old left room for a
     report, which the broker took.
     """
-    import aio_pika
-
     connection = await aio_pika.connect(url)
     async with connection:
         channel = await connection.channel()

@@ -86,6 +86,16 @@ def inspect_in_process(
     return code, time.monotonic() - began
 
 
+def consumers(queues: Queues) -> int:
+    """The consumers of ``queues``' input queue, as the broker lists them."""
+    output = rabbitmqctl("list_queues", "-q", "-p", queues.vhost, "name", "consumers")
+    for line in output.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[0] == queues.in_queue:
+            return int(parts[1])
+    return 0
+
+
 def test_inspect_lists_the_live_workers_and_names_the_frozen_one_within_its_bound(
     markers: Path,
     ops: Queues,
@@ -103,6 +113,9 @@ def test_inspect_lists_the_live_workers_and_names_the_frozen_one_within_its_boun
     first, second = start_worker(HANGING, env), start_worker(HANGING, env)
     task_id = asyncio.run(started(ops, "hanging"))
     frozen = start_worker(HANGING, env)  # after the task went out: it has none
+    # "Connected to" comes before the worker's basic.consume: frozen before it, a loaded
+    # machine's worker would be no consumer at all.
+    wait_for(lambda: consumers(ops) == 3, what="three consumers on the input queue")
     frozen.signal(signal.SIGSTOP)
     try:
         code, elapsed_s = inspect_in_process(

@@ -56,14 +56,18 @@ async def test_sigterm_lets_a_running_task_finish_and_exits_0(
     queues: Queues, start_worker: Any, markers: Path
 ) -> None:
     worker = start_worker(
-        "tests.integration.workers:sleeping",
+        "tests.integration.observed_workers:observed",
         queues.env(ATW_TEST_MARKERS=str(markers), WORKER_SHUTDOWN_GRACE_S="10"),
     )
-    async with queues.client("sleeping") as client:
-        task_id = await client.submit({"seconds": 3})
-        wait_for(lambda: calls(markers, task_id) == [1], what="the handler to start")
+    async with queues.client("observed") as client:
+        task_id = await client.submit({"mode": "wait"})
+        wait_for((markers / f"started-{task_id}").exists, what="the handler to start")
         signalled = time.monotonic()
         worker.signal(signal.SIGTERM)
+        # The task ends once the drain waits for it (a task of fixed seconds could end before
+        # the signal on a loaded machine, or outlast the grace), well inside the grace.
+        worker.wait_for_log("Waiting up to")
+        (markers / "release").touch()
         assert worker.wait(timeout_s=120) == 0
         assert time.monotonic() - signalled < bound_for(10)
         reports = [r async for r in client.reports(task_id)]
@@ -105,11 +109,12 @@ async def test_a_second_sigterm_ends_the_drain_at_once(
     async with queues.client("sleeping") as client:
         task_id = await client.submit({"seconds": 3600})
         wait_for(lambda: calls(markers, task_id) == [1], what="the handler to start")
-        first = time.monotonic()
         worker.signal(signal.SIGTERM)
+        # The worker counts the first signal when its loop takes it, which a loaded machine
+        # delays past the send; it logs this line after. A deliberate second signal comes
+        # later than an echo of the first could: the window counted from the line, not the send.
         worker.wait_for_log("Waiting up to")
-        # A deliberate second signal: later than an echo of the first could be.
-        time.sleep(max(0.0, first + ECHO_WINDOW_S + 0.1 - time.monotonic()))
+        time.sleep(ECHO_WINDOW_S + 0.1)
         signalled = time.monotonic()
         worker.signal(signal.SIGTERM)
         assert worker.wait(timeout_s=120) == 0
@@ -190,28 +195,46 @@ class UnderUv:
 
 
 @contextlib.asynccontextmanager
-async def sleeping_task_under_uv(
-    queues: Queues, markers: Path, logs: Path, *, grace_s: int, seconds: int
+async def waiting_task_under_uv(
+    queues: Queues, markers: Path, logs: Path, *, grace_s: int
 ) -> AsyncIterator[tuple[UnderUv, TaskClient, str]]:
-    """The ``sleeping`` worker under ``uv run``, with one task of ``seconds`` running."""
+    """The ``observed`` worker under ``uv run``, with one task running until the test releases
+    it (``release`` in ``markers``)."""
     env = queues.env(ATW_TEST_MARKERS=str(markers), WORKER_SHUTDOWN_GRACE_S=str(grace_s))
-    worker = UnderUv("tests.integration.workers:sleeping", env, logs)
+    worker = UnderUv("tests.integration.observed_workers:observed", env, logs)
     try:
         wait_for(lambda: "Connected to" in worker.log(), what="the worker to connect")
-        async with queues.client("sleeping") as client:
-            task_id = await client.submit({"seconds": seconds})
-            wait_for(lambda: calls(markers, task_id) == [1], what="the handler to start")
+        async with queues.client("observed") as client:
+            task_id = await client.submit({"mode": "wait"})
+            wait_for((markers / f"started-{task_id}").exists, what="the handler to start")
             yield worker, client, task_id
     finally:
         worker.close()
 
 
+#: The worker's line for uv's forwarded copy of a Ctrl-C, taken for the same request.
+ECHO_LINE = "SIGINT again "
+
+
+def logged(worker: UnderUv, text: str) -> bool:
+    """Whether ``text`` is in the worker's log (AssertionError: it exited without it)."""
+    if text not in worker.log() and worker.process.poll() is not None:
+        raise AssertionError(f"the worker exited without {text!r}:\n{worker.log()}")
+    return text in worker.log()
+
+
 async def test_ctrl_c_under_uv_run_lets_the_task_finish_and_exits_0(
     queues: Queues, markers: Path, tmp_path: Path
 ) -> None:
-    running = sleeping_task_under_uv(queues, markers, tmp_path, grace_s=60, seconds=3)
+    running = waiting_task_under_uv(queues, markers, tmp_path, grace_s=60)
     async with running as (worker, client, task_id):
         worker.ctrl_c()
+        # The task ends once uv's copy of the Ctrl-C came and the worker took it for the same
+        # request: a task of fixed seconds could end before the Ctrl-C or before uv's copy (it
+        # came 200 ms after on a quiet machine) on a loaded one, and leave the echo untested.
+        wait_for(lambda: logged(worker, "Waiting up to"), what="the drain to start")
+        wait_for(lambda: logged(worker, ECHO_LINE), what="uv's copy of the Ctrl-C")
+        (markers / "release").touch()
         assert worker.process.wait(timeout=120) == 0
         reports = [r async for r in client.reports(task_id)]
     assert [r.type for r in reports] == ["started", "success"]  # finished, not given back
@@ -222,11 +245,12 @@ async def test_ctrl_c_under_uv_run_lets_the_task_finish_and_exits_0(
 async def test_two_deliberate_ctrl_c_under_uv_run_end_the_grace_period(
     queues: Queues, markers: Path, tmp_path: Path
 ) -> None:
-    running = sleeping_task_under_uv(queues, markers, tmp_path, grace_s=600, seconds=3600)
+    running = waiting_task_under_uv(queues, markers, tmp_path, grace_s=600)
     async with running as (worker, _, _):
         worker.ctrl_c()
-        wait_for(lambda: "Waiting up to" in worker.log(), what="the drain to start")
-        time.sleep(1.0)  # a person's second Ctrl-C, a second later
+        wait_for(lambda: logged(worker, "Waiting up to"), what="the drain to start")
+        wait_for(lambda: logged(worker, ECHO_LINE), what="uv's copy of the first Ctrl-C")
+        time.sleep(1.0)  # a person's second Ctrl-C, a second later (after the echo window)
         signalled = time.monotonic()
         worker.ctrl_c()
         assert worker.process.wait(timeout=120) == 0

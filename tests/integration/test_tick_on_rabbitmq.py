@@ -110,17 +110,30 @@ def test_a_tick_killed_whole_after_the_spawn_loses_nothing(queues: Queues, tmp_p
     assert got == [("t-0", "started"), ("t-0", "success")]
 
 
+#: The dead-worker case's task timeout (its marker's deadline, from the hand-out): the end of the
+#: first tick and the whole second one (two interpreters started, a connect, a sweep) must fit
+#: before it, seconds each on a loaded machine. With 4 s, a loaded CI pass could see the
+#: "before the deadline" tick run past it.
+DEAD_WORKER_TIMEOUT_S = 15
+
+
 def test_a_dead_worker_is_reported_once_after_its_deadline(queues: Queues, tmp_path: Path) -> None:
     state = tmp_path / "state"
     submit_raw(queues, {"seconds": 60})
-    env = {"WORKER_TASK_TIMEOUT_S": "4"}
+    env = {"WORKER_TASK_TIMEOUT_S": str(DEAD_WORKER_TIMEOUT_S)}
     assert tick(queues, state, **env).wait(timeout=60) == 0
     wait_for(lambda: marker(state, "t-0").get("pid"), what="the worker's pid in its marker")
     pid = marker(state, "t-0")["pid"]
     os.kill(pid, signal.SIGKILL)
     assert tick(queues, state, **env).wait(timeout=60) == 0  # before the deadline: nothing
+    # Still before it once that tick ended: its sweep saw a live deadline (else the next
+    # assertion would not test "before").
+    assert not Marker.from_json(marker(state, "t-0")).past_deadline, "the tick ran past it"
     assert [report.type for report in reports(queues)] == ["started"]
-    wait_for(lambda: Marker.from_json(marker(state, "t-0")).past_deadline, what="the deadline")
+    wait_for(
+        lambda: Marker.from_json(marker(state, "t-0")).past_deadline,
+        DEAD_WORKER_TIMEOUT_S + 30, "the deadline",
+    )  # fmt: skip
     expiry = decisions(logged_tick(queues, state, TARGET, max_new=0, **env))["t-0"]
     assert expiry["msg"] == (
         "Delivery settled: outcome=failure action=none code=WORKER_DIED attempt=1/5 "
