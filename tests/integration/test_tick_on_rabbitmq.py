@@ -132,8 +132,9 @@ def test_a_dead_worker_is_reported_once_after_its_deadline(queues: Queues, tmp_p
     assert [report.type for report in reports(queues)] == ["started"]
     wait_for(
         lambda: Marker.from_json(marker(state, "t-0")).past_deadline,
-        DEAD_WORKER_TIMEOUT_S + 30, "the deadline",
-    )  # fmt: skip
+        DEAD_WORKER_TIMEOUT_S + 30,
+        "the deadline",
+    )
     expiry = decisions(logged_tick(queues, state, TARGET, max_new=0, **env))["t-0"]
     assert expiry["msg"] == (
         "Delivery settled: outcome=failure action=none code=WORKER_DIED attempt=1/5 "
