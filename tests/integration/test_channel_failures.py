@@ -18,6 +18,7 @@ from async_task_api_worker.transports.rabbitmq.watch import MAX_CHANNEL_FAILURES
 from examples.count_words import worker
 from tests.integration.conftest import BROKER_USER, Queues, rabbitmqctl
 from tests.integration.test_run_on_rabbitmq import collect
+from tests.logs import attached
 from tests.polling import until
 
 
@@ -101,28 +102,18 @@ def transport_says(text: str) -> Iterator[_Said]:
     process: a worker serving in the test's loop says ``Connected to`` once its queues are
     declared."""
     said = _Said(text)
-    log = logging.getLogger("async_task_api_worker.transports.rabbitmq")
-    level = log.level
-    log.setLevel(logging.INFO)
-    log.addHandler(said)
-    try:
+    transport_logger = logging.getLogger("async_task_api_worker.transports.rabbitmq")
+    with attached(transport_logger, said, logging.INFO):
         yield said
-    finally:
-        log.setLevel(level)
-        log.removeHandler(said)
 
 
 async def test_a_channel_that_keeps_closing_stops_the_worker_with_failure(queues: Queues) -> None:
     # Each close waits for the reopen before the next, on the transport's own lines: a slow
     # machine only makes it slower (the window, 60 s, is far from five reopens).
-    reopened = _Said("The consume channel reopened")
-    closed = _Said("The consume channel closed")
-    log = logging.getLogger("async_task_api_worker.transports.rabbitmq")
-    level = log.level
-    log.setLevel(logging.INFO)  # the reopen is said at INFO
-    log.addHandler(reopened)
-    log.addHandler(closed)
-    try:
+    with (
+        transport_says("The consume channel reopened") as reopened,
+        transport_says("The consume channel closed") as closed,
+    ):
         transport = transport_for(queues)
         runner = Runner(worker, load_settings({}, read_environment=False), transport)
         serving = asyncio.create_task(runner.serve())
@@ -134,10 +125,6 @@ async def test_a_channel_that_keeps_closing_stops_the_worker_with_failure(queues
             if closes < MAX_CHANNEL_FAILURES:
                 await asyncio.wait_for(reopened.reach(closes), timeout=30)
         assert await asyncio.wait_for(serving, timeout=30) is ExitCode.FAILURE
-    finally:
-        log.setLevel(level)
-        log.removeHandler(reopened)
-        log.removeHandler(closed)
 
 
 async def test_a_channel_closed_while_the_consumer_starts_is_consumed_again(
@@ -193,10 +180,7 @@ async def test_a_consumer_the_broker_cancels_is_started_again_with_a_new_tag(
 ) -> None:
     # Deleting the queue makes any RabbitMQ cancel the consumer (basic.cancel); 4.3 does the
     # same at a consumer timeout, and refuses the old tag again (530, the connection closed).
-    cancelled = _Said("The broker cancelled the consumer of")
-    log = logging.getLogger("async_task_api_worker.transports.rabbitmq")
-    log.addHandler(cancelled)
-    try:
+    with transport_says("The broker cancelled the consumer of") as cancelled:
         transport = transport_for(queues)
         runner = Runner(worker, load_settings({}, read_environment=False), transport)
         serving = asyncio.create_task(runner.serve())
@@ -218,5 +202,3 @@ async def test_a_consumer_the_broker_cancels_is_started_again_with_a_new_tag(
         exposition = runner.metrics.exposition()[0].decode()
         assert 'worker_consumer_cancels_total{cause="other"} 1.0' in exposition
         assert 'worker_consumer_cancels_total{cause="consumer_timeout"} 0.0' in exposition
-    finally:
-        log.removeHandler(cancelled)

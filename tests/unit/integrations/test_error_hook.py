@@ -23,6 +23,7 @@ from async_task_api_worker.protocol.codes import ErrorCode
 from async_task_api_worker.task_call import ErrorHooks
 from async_task_api_worker.task_call.error_hooks import EXIT_WAIT_S
 from async_task_api_worker.testing import WorkerHarness
+from tests.logs import attached
 from tests.unit.integrations.hook_workers import (
     ISOLATED_TRACKER,
     SECRET,
@@ -52,15 +53,8 @@ class _Lines(logging.Handler):
 @pytest.fixture
 def lines() -> Iterator[_Lines]:
     handler = _Lines()
-    root = logging.getLogger()
-    level = root.level
-    root.setLevel(logging.DEBUG)
-    root.addHandler(handler)
-    try:
+    with attached(logging.getLogger(), handler, logging.DEBUG):
         yield handler
-    finally:
-        root.removeHandler(handler)
-        root.setLevel(level)
 
 
 @pytest.mark.parametrize("sync", [False, True], ids=["async-def", "def"])
