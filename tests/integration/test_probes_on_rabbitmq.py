@@ -171,35 +171,33 @@ async def test_concurrent_ready_calls_run_the_probe_hooks_once(
     calls.unlink()
     hold = markers / "probe-hold"
     hold.touch()
-    sent = 0
-    all_sent = asyncio.Event()
+    asks = 50
+    refused = 0
+    all_refused = asyncio.Event()
 
     async def ask() -> Answer | None:
-        nonlocal sent
+        nonlocal refused
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
         try:
-            reader, writer = await asyncio.open_connection("127.0.0.1", port)
-            with contextlib.suppress(ConnectionError):
-                writer.write(request_bytes("GET", "/ready"))
-                await writer.drain()
-        except ConnectionError:
-            return None
-        finally:
-            sent += 1
-            if sent == 50:
-                all_sent.set()
-        try:
+            writer.write(request_bytes("GET", "/ready"))
+            await writer.drain()
             return parse(await reader.read())
         except (ConnectionError, IndexError, ValueError):
-            return None  # past the connection limit: closed at once
+            refused += 1  # past the connection limit: closed at once
+            if refused == asks - MAX_CONNECTIONS:
+                all_refused.set()
+            return None
         finally:
             writer.close()
 
     async def release() -> None:
-        # Every request is on its way before the one evaluation may end: all share it.
-        await all_sent.wait()
+        # The server closes a connection past the limit when it accepts it, after the ones it
+        # serves: once every one past it is closed, all 50 were accepted and the served ones
+        # are read in the loop's next turn, before the held hook can end. They share it.
+        await all_refused.wait()
         hold.unlink()
 
-    *answers, _ = await asyncio.gather(*(ask() for _ in range(50)), release())
+    *answers, _ = await asyncio.gather(*(ask() for _ in range(asks)), release())
     served = [answer for answer in answers if answer is not None and answer.status]
     assert len(served) >= MAX_CONNECTIONS
     assert {answer.status for answer in served} == {200}

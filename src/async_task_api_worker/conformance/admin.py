@@ -16,13 +16,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import re
 import shlex
+import signal
 import sys
 from dataclasses import dataclass
 from typing import Final
 
-__all__ = ["HOLD_POLICY", "Admin", "AdminError", "hold_length", "release_at_end"]
+__all__ = ["HOLD_POLICY", "REAP_S", "Admin", "AdminError", "hold_length", "release_at_end"]
 
 #: The name of the kit's temporary policy, the hold or the dead-letter target (one at a time,
 #: removed at the end of its case whatever happens): one ``release`` removes what a killed run
@@ -34,6 +36,8 @@ _HOLD_PRIORITY: Final = 999
 #: restarts is down for a few seconds.
 _RELEASE_TRIES: Final = 5
 _RELEASE_PAUSE_S: Final = 1.0
+#: Seconds a cancelled call waits for its killed process group to be reaped.
+REAP_S: Final = 2.0
 
 
 def hold_length(queue_type: str) -> int | None:
@@ -63,8 +67,13 @@ class Admin:
     async def _call(self, *arguments: str) -> str:
         argv = [*shlex.split(self.command), *arguments]
         try:
+            # A session of its own: rabbitmqctl is a script whose children (the Erlang VM, a
+            # chroot's) hold the pipes, so a cancel must end the whole group.
             process = await asyncio.create_subprocess_exec(
-                *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+                *argv,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                start_new_session=True,
             )
         except OSError as exc:  # not found, not executable
             raise AdminError(f"cannot run {argv[0]!r}: {exc.strerror or exc}") from exc
@@ -72,7 +81,10 @@ class Admin:
             out, err = await process.communicate()
         except asyncio.CancelledError:  # a caller's bound ran out (``inspect``): leave no child
             with contextlib.suppress(ProcessLookupError):
-                process.kill()
+                os.killpg(process.pid, signal.SIGKILL)
+            # Reaped, its pipes read to their end and closed: nothing left running or open.
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(process.communicate(), REAP_S)
             raise
         if process.returncode != 0:
             last = (err or out).decode(errors="replace").strip().splitlines()[-1:] or [""]

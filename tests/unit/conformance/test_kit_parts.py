@@ -3,8 +3,11 @@ JUnit XML, the case selection, the operator tool's parsing, the envelopes at the
 
 from __future__ import annotations
 
+import asyncio
+import gc
 import json
 import stat
+import warnings
 import xml.etree.ElementTree as ET
 from datetime import UTC, datetime
 from pathlib import Path
@@ -27,6 +30,7 @@ from async_task_api_worker.conformance.report_cases import check_encoding, schem
 from async_task_api_worker.conformance.wire import Seen
 from async_task_api_worker.protocol.encoding import nesting_depth, strict_loads
 from async_task_api_worker.protocol.reports import SuccessReport, encode_report
+from tests.polling import until
 from tests.unit.conformance.kit_setup import SETUP
 
 
@@ -271,6 +275,33 @@ async def test_a_rabbitmqctl_that_cannot_run_is_an_admin_error(tmp_path: Path) -
     admin = Admin(str(tmp_path / "missing" / "rabbitmqctl"), "v1")
     with pytest.raises(AdminError, match="cannot run"):
         await admin.unacked()
+
+
+async def test_a_cancelled_call_leaves_no_process_and_no_open_pipe(tmp_path: Path) -> None:
+    # A script whose child holds the pipes, as rabbitmqctl's Erlang VM does (a chroot's too).
+    script = tmp_path / "rabbitmqctl"
+    script.write_text(f"#!/bin/sh\nsleep 600 &\necho $! > {tmp_path / 'child'}\nwait\n")
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    call = asyncio.ensure_future(Admin(str(script), "v1").unacked())
+    await until(lambda: (tmp_path / "child").exists() and (tmp_path / "child").read_text(), 10)
+    child = int((tmp_path / "child").read_text())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        del call
+        gc.collect()
+    assert not [w for w in caught if issubclass(w.category, ResourceWarning)]
+    assert _gone(child)
+
+
+def _gone(pid: int) -> bool:
+    """Whether ``pid`` is dead: no such process, or a zombie waiting for its reaper."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
 
 
 async def test_releasing_a_hold_that_is_not_there_is_fine(tmp_path: Path) -> None:

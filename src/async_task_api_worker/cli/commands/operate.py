@@ -24,7 +24,7 @@ from async_task_api_worker.cli.commands.conformance import admin_for
 from async_task_api_worker.cli.commands.inspect_view import Inspected, render_json, render_table
 from async_task_api_worker.cli.inputs import readable, report_line
 from async_task_api_worker.cli.main import INTERRUPTED
-from async_task_api_worker.conformance.admin import AdminError
+from async_task_api_worker.conformance.admin import REAP_S, AdminError
 from async_task_api_worker.errors import ProtocolError, TargetError, TransportError
 from async_task_api_worker.observability.logging import configure_logging
 from async_task_api_worker.protocol.envelope import SERVICE_PATTERN
@@ -43,11 +43,12 @@ CONNECT_S: Final = 10.0
 def inspect_bound_s(timeout_s: float) -> float:
     """The longest ``inspect --timeout-s T`` runs once its settings are read, in seconds.
 
-    Connecting, the workers' answers and ``rabbitmqctl`` all fit in ``T``; closing the
-    connection takes at most :data:`~async_task_api_worker.transports.rabbitmq.operations.CLOSE_S`
-    more.
+    Connecting, the workers' answers and ``rabbitmqctl`` all fit in ``T``; a ``rabbitmqctl``
+    still running then is killed and reaped within
+    :data:`~async_task_api_worker.conformance.admin.REAP_S`, and closing the connection takes
+    at most :data:`~async_task_api_worker.transports.rabbitmq.operations.CLOSE_S` more.
     """
-    return timeout_s + CLOSE_S
+    return timeout_s + REAP_S + CLOSE_S
 
 
 def operator_command(arguments: argparse.Namespace, *, flags: Mapping[str, str]) -> int:
