@@ -20,7 +20,7 @@ from async_task_api_worker.settings import SILENT_HEARTBEATS_TO_DEAD
 from scripts.rabbitmq_nodes import Node, running_cluster
 from tests.faults.conftest import Broker, version_spec
 from tests.faults.ledger import CONNECT_TIMEOUT_S, Case, Ledger, Supervisor, worker_env
-from tests.faults.test_pushback import ready_status
+from tests.faults.test_pushback import publish_held, ready_status
 from tests.integration.conftest import BROKER_HOST, BROKER_PORT
 from tests.integration.tcp_proxy import TcpProxy
 from tests.polling import until
@@ -268,12 +268,9 @@ async def test_a_partition_during_a_memory_alarm_loses_nothing(
         through_proxy = case.url.replace(f":{node_310.node.port}/", f":{proxy.port}/")
         case.worker.env.update(BROKER_URL=through_proxy, BROKER_HEARTBEAT_S=str(HEARTBEAT_S))
         case.worker.start()
-        # Three waves of 5 s at concurrency 4: the alarm, raised after the first success, must
-        # come before the last report (10 s later); with waves of 1.5 s, a loaded machine's
-        # rabbitmqctl raised it once the last was out, and nothing was blocked.
-        ids = await case.publish(12, {"seconds": 5})
-        case.worker.wait_for("outcome=success")
+        ids, release = await publish_held(case, 12)
         node_310.node.set_memory_alarm(True)
+        release.touch()
         case.worker.wait_for("was blocked by")
         proxy.pause()
         case.worker.wait_for("No frame from the broker", timeout_s=DETECTION_BOUND_S + 5)

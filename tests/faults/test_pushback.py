@@ -19,6 +19,7 @@ import pytest
 
 from tests.faults.conftest import Broker, on_versions
 from tests.faults.ledger import Case, decisions
+from tests.polling import until
 
 #: Longer than the worker's delivery limit (3) x WORKER_RETRY_BACKOFF_MAX_S (2 s): the outage
 #: that used to abandon tasks.
@@ -36,6 +37,17 @@ def ready_status(probes: str) -> tuple[int, dict[str, Any]]:
             return answer.status, json.loads(answer.read())
     except urllib.error.HTTPError as error:
         return error.code, json.loads(error.read())
+
+
+async def publish_held(case: Case, tasks: int) -> tuple[list[str], Path]:
+    """Publish ``tasks`` that wait for a release file, and wait until the worker holds as many
+    as it runs at once; the ids and the file. A fault raised before the file is written is
+    met by every terminal report, however long the fault took to raise on a loaded machine."""
+    release = case.logs / "release"
+    ids = await case.publish(tasks, {"seconds": 0.5, "release": str(release)})
+    in_flight = int(case.worker.env["WORKER_CONCURRENCY"])
+    await until(lambda: len(list(case.markers.iterdir())) >= in_flight, 60, "tasks in flight")
+    return ids, release
 
 
 async def fill_output_queue(broker: Broker, vhost: str, queue: str) -> None:
@@ -153,11 +165,12 @@ async def test_a_memory_alarm_blocks_reports_which_are_held_then_published(
     assert broker.node is not None
     case = Case(broker, "alarm", markers, tmp_path)
     case.worker.start()
-    ids = await case.publish(12, {"seconds": 1.0})
-    case.worker.wait_for("outcome=success")
+    ids, release = await publish_held(case, 12)
     broker.node.set_memory_alarm(True)
+    release.touch()  # the reports of the tasks in flight meet the alarm
     alarmed = time.monotonic()
-    status, body = 200, {}
+    body: dict[str, Any]
+    status, body = 200, {}  # what /ready said last
     while time.monotonic() - alarmed < OUTAGE_S:
         status, body = ready_status(case.worker.probes)
         if status == 503:
@@ -170,7 +183,7 @@ async def test_a_memory_alarm_blocks_reports_which_are_held_then_published(
         counts.row(
             "memory alarm for 15 s, then cleared",
             broker=broker.label,
-            measured="/ready 503 `broker` during the alarm",
+            measured=f"/ready {status} ({', '.join(body.get('components', {}))}) during the alarm",
         )
     )
     assert status == 503, body
@@ -292,9 +305,9 @@ async def test_the_reports_connection_closed_during_an_alarm_comes_back(
     assert broker.node is not None
     case = Case(broker, "alarmclose", markers, tmp_path)
     case.worker.start()
-    ids = await case.publish(12, {"seconds": 1.5})
-    case.worker.wait_for("outcome=success")
+    ids, release = await publish_held(case, 12)
     broker.node.set_memory_alarm(True)
+    release.touch()
     case.worker.wait_for("was blocked by")
     # The broker closes the blocked reports connection; it stops reading that socket, so the
     # closing handshake can never finish.

@@ -25,6 +25,9 @@ class Input(BaseModel):
 
     seconds: float = 0.0
     size: int = 0
+    #: A file the handler waits for before it works ``seconds``: the case writes it once its
+    #: fault is in place (a memory alarm raised), so that the reports meet the fault.
+    release: str = ""
 
 
 class Output(BaseModel):
@@ -42,6 +45,8 @@ async def work(task_input: Input, ctx: TaskContext) -> Output:
     """Work ``seconds`` on every attempt, then answer."""
     mark_started(ctx)
     await ctx.progress(0.5)
+    while task_input.release and not Path(task_input.release).exists():
+        await asyncio.sleep(0.05)  # the case's release: a file, written by another process
     await asyncio.sleep(task_input.seconds)
     return Output(attempt=ctx.attempt, text="x" * task_input.size)
 
