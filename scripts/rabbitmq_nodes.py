@@ -258,6 +258,15 @@ def default_base_dir(name: str, version: str, root: Path | None = None) -> Path:
     return NODES_DIR / name
 
 
+#: Seconds a timed-out command's killed process group has to be reaped.
+REAP_S = 5.0
+
+
+def _kill_group(pgid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
 def _run(
     argv: Sequence[str],
     *,
@@ -265,20 +274,34 @@ def _run(
     env: dict[str, str] | None = None,
     cwd: Path | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """Run ``argv`` (no shell), capturing its output; never raises on a non-zero exit."""
-    try:
-        return subprocess.run(  # noqa: S603 (argv lists built here, no shell)
-            list(argv),
-            capture_output=True,
-            text=True,
-            timeout=timeout_s,
-            env=env,
-            cwd=cwd,
-            check=False,
-            stdin=subprocess.DEVNULL,
-        )
-    except subprocess.TimeoutExpired as error:
-        raise NodeError(f"{shlex.join(argv)}: no answer within {timeout_s} s") from error
+    """Run ``argv`` (no shell), capturing its output; never raises on a non-zero exit.
+
+    It runs in a session of its own: ``rabbitmqctl`` is a script whose child, the CLI's Erlang
+    VM, holds the pipes, so a timeout kills the whole group, and reaps it, leaving no process
+    behind (a CLI that outlives its killed script keeps the root's epmd busy).
+    """
+    process = subprocess.Popen(  # noqa: S603 (argv lists built here, no shell)
+        list(argv),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        env=env,
+        cwd=cwd,
+        start_new_session=True,
+    )
+    with process:
+        try:
+            stdout, stderr = process.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired as error:
+            _kill_group(process.pid)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.communicate(timeout=REAP_S)  # read to the end: the group has ended
+            raise NodeError(f"{shlex.join(argv)}: no answer within {timeout_s} s") from error
+        except BaseException:  # KeyboardInterrupt...: the group goes too
+            _kill_group(process.pid)
+            raise
+    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
 
 
 def _checked(argv: Sequence[str], *, timeout_s: float = 120) -> str:

@@ -2,7 +2,9 @@
 does not answer costs the boot's whole deadline, never less, and never blocks a stop.
 
 The node here is a stand-in: ``rabbitmq-server`` writes its pid file and becomes a process named
-``beam.smp`` (a copy of ``sleep``); ``rabbitmqctl`` hangs on the commands listed in a file.
+``beam.smp`` (a copy of ``sleep``); ``rabbitmqctl`` hangs on the commands listed in a file, in a
+child of its script like the real one's Erlang VM (``cli-vm``, another copy of ``sleep``), which
+a timed-out call must not leave behind.
 """
 
 from __future__ import annotations
@@ -21,14 +23,16 @@ from tests.ports import node_port
 
 SERVER = '#!/bin/sh\necho $$ > "$RABBITMQ_PID_FILE"\nexec "$(dirname "$0")/beam.smp" 600\n'
 # $1 -n, $2 the node, $3 the command: hang on the commands the file `hang` names.
-CTL = '#!/bin/sh\ngrep -qx "$3" "$(dirname "$0")/hang" && exec sleep 600\nexit 0\n'
+# The real script runs its VM as a child (no exec), so the VM outlives a kill of the script alone.
+CTL = '#!/bin/sh\ngrep -qx "$3" "$(dirname "$0")/hang" && "$(dirname "$0")/cli-vm" 600\nexit 0\n'
 
 
 @pytest.fixture
 def node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Node]:
     binaries = tmp_path / "bin"
     binaries.mkdir()
-    shutil.copy(shutil.which("sleep") or "/bin/sleep", binaries / "beam.smp")
+    for copy in ("beam.smp", "cli-vm"):
+        shutil.copy(shutil.which("sleep") or "/bin/sleep", binaries / copy)
     for name, text in (("rabbitmq-server", SERVER), ("rabbitmqctl", CTL)):
         (binaries / name).write_text(text)
         (binaries / name).chmod(0o755)
@@ -38,6 +42,24 @@ def node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Node]:
     yield stand_in
     if (pid := stand_in.pid) is not None:  # a failed case leaves no process behind
         os.kill(pid, signal.SIGKILL)
+    for pid in _cli_vms():
+        os.kill(pid, signal.SIGKILL)
+
+
+def _cli_vms() -> list[int]:
+    """The pids of the stand-in CLI's VMs that run."""
+    wanted = str(rabbitmq_nodes.HOST_BIN / "cli-vm")
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if argv[0].decode(errors="replace") == wanted and rabbitmq_nodes._alive(int(entry.name)):
+            found.append(int(entry.name))
+    return found
 
 
 def _hang_on(node: Node, *commands: str) -> None:
@@ -51,6 +73,15 @@ def test_a_cli_that_never_answers_fails_the_boot_at_its_deadline(node: Node) -> 
     with pytest.raises(NodeError, match="did not start within 2 s"):
         node.start(timeout_s=2)
     assert not node.running  # the failed boot's process is killed
+    assert _cli_vms() == []  # and the timed-out CLI's VM with its script
+
+
+def test_a_cli_that_never_answers_leaves_no_process_at_the_deadline_of_a_call(node: Node) -> None:
+    node.start(timeout_s=30)
+    _hang_on(node, "status")
+    with pytest.raises(NodeError, match="no answer within 1 s"):
+        node.ctl("status", timeout_s=1)
+    assert _cli_vms() == []
 
 
 def test_a_stop_whose_cli_does_not_answer_ends_the_process_by_signals(node: Node) -> None:
@@ -58,4 +89,5 @@ def test_a_stop_whose_cli_does_not_answer_ends_the_process_by_signals(node: Node
     assert node.running
     _hang_on(node, "stop")
     node.stop(timeout_s=1)
+    assert _cli_vms() == []  # the timed-out CLI's VM is gone with its script
     assert not node.running
