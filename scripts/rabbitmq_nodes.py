@@ -904,7 +904,7 @@ class Node:
         try:
             self._await_startup(launcher, timeout_s)
         except BaseException:
-            self._halt()
+            self._halt(launcher)
             raise
 
     def _launch(self) -> int:
@@ -948,13 +948,22 @@ class Node:
                 )
             time.sleep(0.25)
 
-    def _halt(self) -> None:
-        """Kill whatever runs of the node (a failed start), quietly."""
+    def _halt(self, launcher: int | None = None) -> None:
+        """Kill whatever runs of the node (a failed start), quietly.
+
+        Args:
+            launcher: The launch's pid: its session goes too, for a server that has not yet
+                written its pid file (a boot whose deadline came first, under load).
+        """
         pid = self.pid
         if pid is not None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
             _wait_gone(pid, 10)
+        if launcher is not None and _alive(launcher):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(os.getpgid(launcher), signal.SIGKILL)
+            _wait_gone(launcher, 10)
         self._after_stop()
 
     def _after_stop(self) -> None:

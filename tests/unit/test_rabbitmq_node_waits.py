@@ -21,7 +21,11 @@ from scripts import rabbitmq_nodes
 from scripts.rabbitmq_nodes import Node, NodeError, NodeSpec
 from tests.ports import node_port
 
-SERVER = '#!/bin/sh\necho $$ > "$RABBITMQ_PID_FILE"\nexec "$(dirname "$0")/beam.smp" 600\n'
+# With a file `slow`, the server runs without writing its pid file (a boot not that far yet).
+SERVER = (
+    '#!/bin/sh\n[ -e "$(dirname "$0")/slow" ] && exec "$(dirname "$0")/beam.smp" 600\n'
+    'echo $$ > "$RABBITMQ_PID_FILE"\nexec "$(dirname "$0")/beam.smp" 600\n'
+)
 # $1 -n, $2 the node, $3 the command: hang on the commands the file `hang` names.
 # The real script runs its VM as a child (no exec), so the VM outlives a kill of the script alone.
 CTL = '#!/bin/sh\ngrep -qx "$3" "$(dirname "$0")/hang" && "$(dirname "$0")/cli-vm" 600\nexit 0\n'
@@ -42,13 +46,13 @@ def node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Node]:
     yield stand_in
     if (pid := stand_in.pid) is not None:  # a failed case leaves no process behind
         os.kill(pid, signal.SIGKILL)
-    for pid in _cli_vms():
+    for pid in _cli_vms() + _cli_vms("beam.smp"):
         os.kill(pid, signal.SIGKILL)
 
 
-def _cli_vms() -> list[int]:
-    """The pids of the stand-in CLI's VMs that run."""
-    wanted = str(rabbitmq_nodes.HOST_BIN / "cli-vm")
+def _cli_vms(name: str = "cli-vm") -> list[int]:
+    """The pids of the stand-in CLI's VMs (or of the stand-in's ``name``) that run."""
+    wanted = str(rabbitmq_nodes.HOST_BIN / name)
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -74,6 +78,16 @@ def test_a_cli_that_never_answers_fails_the_boot_at_its_deadline(node: Node) -> 
         node.start(timeout_s=2)
     assert not node.running  # the failed boot's process is killed
     assert _cli_vms() == []  # and the timed-out CLI's VM with its script
+
+
+def test_a_boot_that_runs_out_of_time_before_its_pid_file_leaves_no_server(node: Node) -> None:
+    # Before: only the pid file's process was killed, so this server ran on (and a real one
+    # booted a node after its start had failed).
+    _hang_on(node, "await_startup")
+    (rabbitmq_nodes.HOST_BIN / "slow").write_text("")
+    with pytest.raises(NodeError, match="did not start within 2 s"):
+        node.start(timeout_s=2)
+    assert _cli_vms("beam.smp") == []
 
 
 def test_a_cli_that_never_answers_leaves_no_process_at_the_deadline_of_a_call(node: Node) -> None:
