@@ -995,6 +995,8 @@ class Node:
                 for number in (signal.SIGTERM, signal.SIGKILL):
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(pid, number)
+                        # A stopped (frozen) node acts on SIGTERM only once it runs again.
+                        os.kill(pid, signal.SIGCONT)
                     if _wait_gone(pid, timeout_s / 2):
                         break
                 else:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -105,3 +106,16 @@ def test_a_stop_whose_cli_does_not_answer_ends_the_process_by_signals(node: Node
     node.stop(timeout_s=1)
     assert _cli_vms() == []  # the timed-out CLI's VM is gone with its script
     assert not node.running
+
+
+def test_a_frozen_node_ends_on_sigterm_not_at_sigkill(node: Node) -> None:
+    # Before: SIGTERM stayed pending on the stopped process, and the stop waited half its time
+    # for SIGKILL (a real frozen 4.3 node: 90 s of stop, 30 of them after SIGTERM).
+    node.start(timeout_s=30)
+    pid = node.pid
+    assert pid is not None
+    os.kill(pid, signal.SIGSTOP)
+    began = time.monotonic()
+    node.stop(timeout_s=20)  # the stand-in CLI's stop answers at once and stops nothing
+    assert time.monotonic() - began < 10  # 5 s for the CLI's stop to show, then SIGTERM
+    assert _cli_vms("beam.smp") == []
