@@ -258,6 +258,15 @@ def default_base_dir(name: str, version: str, root: Path | None = None) -> Path:
     return NODES_DIR / name
 
 
+#: Seconds a timed-out command's killed process group has to be reaped.
+REAP_S = 5.0
+
+
+def _kill_group(pgid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
 def _run(
     argv: Sequence[str],
     *,
@@ -265,20 +274,34 @@ def _run(
     env: dict[str, str] | None = None,
     cwd: Path | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """Run ``argv`` (no shell), capturing its output; never raises on a non-zero exit."""
-    try:
-        return subprocess.run(  # noqa: S603 (argv lists built here, no shell)
-            list(argv),
-            capture_output=True,
-            text=True,
-            timeout=timeout_s,
-            env=env,
-            cwd=cwd,
-            check=False,
-            stdin=subprocess.DEVNULL,
-        )
-    except subprocess.TimeoutExpired as error:
-        raise NodeError(f"{shlex.join(argv)}: no answer within {timeout_s} s") from error
+    """Run ``argv`` (no shell), capturing its output; never raises on a non-zero exit.
+
+    It runs in a session of its own: ``rabbitmqctl`` is a script whose child, the CLI's Erlang
+    VM, holds the pipes, so a timeout kills the whole group, and reaps it, leaving no process
+    behind (a CLI that outlives its killed script keeps the root's epmd busy).
+    """
+    process = subprocess.Popen(  # noqa: S603 (argv lists built here, no shell)
+        list(argv),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        env=env,
+        cwd=cwd,
+        start_new_session=True,
+    )
+    with process:
+        try:
+            stdout, stderr = process.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired as error:
+            _kill_group(process.pid)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.communicate(timeout=REAP_S)  # read to the end: the group has ended
+            raise NodeError(f"{shlex.join(argv)}: no answer within {timeout_s} s") from error
+        except BaseException:  # KeyboardInterrupt...: the group goes too
+            _kill_group(process.pid)
+            raise
+    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
 
 
 def _checked(argv: Sequence[str], *, timeout_s: float = 120) -> str:
@@ -881,7 +904,7 @@ class Node:
         try:
             self._await_startup(launcher, timeout_s)
         except BaseException:
-            self._halt()
+            self._halt(launcher)
             raise
 
     def _launch(self) -> int:
@@ -925,13 +948,22 @@ class Node:
                 )
             time.sleep(0.25)
 
-    def _halt(self) -> None:
-        """Kill whatever runs of the node (a failed start), quietly."""
+    def _halt(self, launcher: int | None = None) -> None:
+        """Kill whatever runs of the node (a failed start), quietly.
+
+        Args:
+            launcher: The launch's pid: its session goes too, for a server that has not yet
+                written its pid file (a boot whose deadline came first, under load).
+        """
         pid = self.pid
         if pid is not None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
             _wait_gone(pid, 10)
+        if launcher is not None and _alive(launcher):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(os.getpgid(launcher), signal.SIGKILL)
+            _wait_gone(launcher, 10)
         self._after_stop()
 
     def _after_stop(self) -> None:
@@ -963,6 +995,8 @@ class Node:
                 for number in (signal.SIGTERM, signal.SIGKILL):
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(pid, number)
+                        # A stopped (frozen) node acts on SIGTERM only once it runs again.
+                        os.kill(pid, signal.SIGCONT)
                     if _wait_gone(pid, timeout_s / 2):
                         break
                 else:
