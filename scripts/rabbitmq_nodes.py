@@ -931,11 +931,12 @@ class Node:
         while True:
             if not self.running and not _alive(launcher):
                 raise NodeError(f"{self.nodename} exited while starting:\n{self.log_tail()}")
-            # An attempt may use the rest of the boot's time: under load the CLI's own VM can
-            # take over 30 s to answer (CI, three 4.3 nodes booting beside other passes).
+            # An attempt may use the rest of the boot's time, the CLI's wait too: under load the
+            # CLI's own VM can take over 30 s to answer (CI, three 4.3 nodes booting at once).
             left = max(deadline - time.monotonic(), 1.0)
             try:
-                done = self._ctl_run("await_startup", "--timeout", "10", timeout_s=left)
+                wait = ("--timeout", str(int(left)))
+                done = self._ctl_run("await_startup", *wait, timeout_s=left)
                 if done.returncode == 0:
                     return
                 why = done.stderr.strip()[-500:]
@@ -962,7 +963,9 @@ class Node:
             _wait_gone(pid, 10)
         if launcher is not None and _alive(launcher):
             with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(os.getpgid(launcher), signal.SIGKILL)
+                group = os.getpgid(launcher)
+                if group != os.getpgrp():  # the launch's own session, never the caller's
+                    os.killpg(group, signal.SIGKILL)
             _wait_gone(launcher, 10)
         self._after_stop()
 
@@ -980,7 +983,7 @@ class Node:
         (idle epmd stopped, ``/proc`` unmounted once nothing runs in the root).
 
         Args:
-            timeout_s: How long the stop may take.
+            timeout_s: How long the CLI's stop may take; the signals after it, as long again.
 
         Raises:
             NodeError: When the process survives even SIGKILL.
