@@ -17,6 +17,7 @@ import pytest
 
 from async_task_api_worker.client import build_envelope
 from async_task_api_worker.settings import SILENT_HEARTBEATS_TO_DEAD
+from async_task_api_worker.transports.rabbitmq.link import SECOND_LOOK_S
 from scripts.rabbitmq_nodes import Node, running_cluster
 from tests.faults.conftest import Broker, version_spec
 from tests.faults.ledger import CONNECT_TIMEOUT_S, Case, Ledger, Supervisor, worker_env
@@ -29,8 +30,10 @@ from tests.ports import node_name, node_port
 TARGET = "tests.faults.workers:steady"
 HEARTBEAT_S = 5
 #: The watchdog looks every min(1, heartbeat / 4) s and drops a connection silent for two
-#: heartbeats (transports/rabbitmq/link.py); one more second for the scheduler.
-DETECTION_BOUND_S = SILENT_HEARTBEATS_TO_DEAD * HEARTBEAT_S + min(1.0, HEARTBEAT_S / 4) + 1.0
+#: heartbeats, on a second look (transports/rabbitmq/link.py); one more second for the scheduler.
+DETECTION_BOUND_S = (
+    SILENT_HEARTBEATS_TO_DEAD * HEARTBEAT_S + min(1.0, HEARTBEAT_S / 4) + SECOND_LOOK_S + 1.0
+)
 PARTITION_S = 60.0
 
 

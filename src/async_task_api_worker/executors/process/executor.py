@@ -3,11 +3,10 @@
 Cooperative cancellation cannot stop blocking code; SIGKILL to a separate process group can
 (seed 000, "Subprocess cancellation is hard kill"). The child is forked by the fork server
 (:mod:`.forkserver`), or spawned as a fresh interpreter when the fork server cannot serve.
-The worker kills the child's whole group (grandchildren included) at the task's deadline, at
-the end of the drain, and on a cancel; after the kill the child is reaped and its pipes closed,
-so no read can hang on a grandchild that still holds one. With a lease (``ports.Lease``), the
-group stops itself when the worker stops renewing it (:mod:`.lease`), and a run whose lease
-lapsed concludes nothing (``LeaseLapsed``).
+The worker kills the child's whole group (grandchildren too) at the task's deadline, at the
+drain's end and on a cancel, then reaps it and closes its pipes (a grandchild may hold one).
+With a lease (``ports.Lease``), the group stops itself when the worker stops renewing it
+(:mod:`.lease`), and a run whose lease lapsed concludes nothing (``LeaseLapsed``).
 """
 
 from __future__ import annotations
@@ -290,7 +289,7 @@ class ProcessExecutor:
         reader, writer = await asyncio.open_unix_connection(sock=ours)
         broken: ChannelError | None = None
         try:
-            conclusion = await self._exchange(reader, writer, request, child, grant)
+            conclusion = await self._exchange(reader, writer, request, child, grant, ours=ours)
         except ChannelError as exc:
             child.kill()
             conclusion, broken = None, exc
@@ -316,6 +315,8 @@ class ProcessExecutor:
         request: ExecutionRequest,
         child: TaskProcess,
         grant: Grant,
+        *,
+        ours: socket.socket,
     ) -> Conclusion | None:
         """Send the request, relay progress and logs; the outcome, or ``None`` without one.
 
@@ -324,10 +325,9 @@ class ProcessExecutor:
         """
         sink = progress_sink_of(request.context)
 
-        def renew() -> None:
-            if writer.is_closing():
-                raise ConnectionResetError("the channel is closed")
-            writer.write(RENEWAL)  # behind the request: the channel keeps the order
+        def renew() -> None:  # on the socket: a broken pipe must not close the stream, unread
+            if writer.transport.get_write_buffer_size() == 0:  # behind the whole request
+                ours.send(RENEWAL, socket.MSG_DONTWAIT)  # OSError: gone, or not reading
 
         try:
             writer.write(encode_frame(self._request(request).to_json()))

@@ -8,12 +8,11 @@ module adds what a worker that must never lose a result also needs from it:
   reconnect interval, not its whole downtime.
 - **A silent peer is a dead peer.** Each URL asks for an AMQP heartbeat of ``heartbeat_s``
   (unless it names its own ``?heartbeat=``). RabbitMQ then sends a frame at least every half
-  heartbeat; a connection that received nothing for two heartbeats is taken for dead and
-  dropped at once, which withdraws its deliveries and reconnects (aiormq on its own waits
-  ``3 * (heartbeat + 1)`` seconds). It is not :attr:`alive` after one heartbeat of silence.
-- **Blocked publishers.** RabbitMQ blocks a connection that publishes while a memory or disk
-  alarm is on (``connection.blocked``); it then stops reading that connection's socket.
-  :attr:`blocked` says so, and :meth:`wait_unblocked` waits for ``connection.unblocked``.
+  heartbeat; a connection silent for two heartbeats (looked at twice) is dropped at once,
+  which withdraws its deliveries and reconnects (aiormq alone waits ``3 * (heartbeat + 1)``
+  seconds). It is not :attr:`alive` after one heartbeat of silence.
+- **Blocked publishers.** RabbitMQ blocks a connection that publishes during a memory or disk
+  alarm (``connection.blocked``): :attr:`blocked`, and :meth:`wait_unblocked`.
 
 aiormq keeps the time of the last frame, the blocked state and the socket in private places;
 they are read here alone (:func:`_last_frame_time`, :func:`_is_blocked`, :func:`_stream_writer`,
@@ -38,7 +37,7 @@ from async_task_api_worker.settings import SILENT_HEARTBEATS_TO_DEAD
 from async_task_api_worker.transports.rabbitmq.failures import connect_failure, is_refusal, refused
 from async_task_api_worker.transports.rabbitmq.tls import tls_context, tls_failure
 
-__all__ = ["ATTEMPT_TIMEOUT_S", "BrokerLink"]
+__all__ = ["ATTEMPT_TIMEOUT_S", "SECOND_LOOK_S", "BrokerLink"]
 
 _logger = logging.getLogger("async_task_api_worker.transports.rabbitmq")
 
@@ -49,6 +48,8 @@ ATTEMPT_TIMEOUT_S: Final = 10.0
 RECHECK_S: Final = 0.5
 #: The longest wait between two rounds of attempts over every URL, in seconds.
 MAX_BACKOFF_S: Final = 30.0
+#: Seconds between the look that finds a connection silent too long and the one that drops it.
+SECOND_LOOK_S: Final = 0.1
 
 
 def with_heartbeat(url: str, heartbeat_s: int) -> str:
@@ -267,11 +268,8 @@ class BrokerLink:
             self._next_url(log=False)
         _logger.warning(
             "The connection to %s (%s) closed (%s); reconnecting to %s",
-            lost,
-            self._name,
-            connect_failure(exc) if exc else "closed",
-            self.url_for_logs,
-        )
+            lost, self._name, connect_failure(exc) if exc else "closed", self.url_for_logs,
+        )  # fmt: skip
 
     def _next_url(self, *, log: bool = True) -> None:
         self._index = (self._index + 1) % len(self._urls)
@@ -284,11 +282,8 @@ class BrokerLink:
         if log:
             _logger.warning(
                 "Still not connected (%s); trying %s (URL %d of %d) next",
-                self._name,
-                self.url_for_logs,
-                self._index + 1,
-                len(self._urls),
-            )
+                self._name, self.url_for_logs, self._index + 1, len(self._urls),
+            )  # fmt: skip
 
     def _on_reconnect(self, _sender: object) -> None:
         _logger.info("Reconnected to %s (%s)", self.url_for_logs, self._name)
@@ -314,6 +309,11 @@ class BrokerLink:
                 continue  # dropped already, and still closing
             dead_after_s = SILENT_HEARTBEATS_TO_DEAD * heartbeat_s
             if silence is not None and heartbeat_s > 0 and silence > dead_after_s:
+                # Resumed from a freeze, the loop runs due timers before it reads its sockets:
+                # the frames that came meanwhile count, read before a second look.
+                await asyncio.sleep(SECOND_LOOK_S)
+                if (silence := self.silence_s() or 0.0) <= dead_after_s:
+                    continue
                 _logger.warning(
                     "No frame from the broker at %s for %.1f s (heartbeat %g s): the "
                     "connection is taken for dead and dropped (%s)",
@@ -374,8 +374,7 @@ def _release_blocked(underlay: Any) -> None:
 
 def _abort_socket(underlay: Any) -> None:
     """Close ``underlay``'s socket at once (no flush, no handshake), if it has one."""
-    writer = _stream_writer(underlay)
-    if writer is not None:
+    if (writer := _stream_writer(underlay)) is not None:
         writer.transport.abort()
 
 
