@@ -49,6 +49,7 @@ class Job(BaseModel):
         "canary_then_segv",
         "once",
         "surrogate_pair",
+        "unfenced",
     ] = "echo"
     data: Any = None
     marker: str = ""
@@ -125,6 +126,19 @@ async def run(job: Job, ctx: TaskContext) -> Echo:  # noqa: PLR0912 - one branch
                 pid_file.write(str(os.getpid()))
             os.replace(job.marker + ".tmp", job.marker)
             time.sleep(float(job.data))
+    elif job.mode == "unfenced":
+        # Kills its own child processes (the lease's watchdog among them: a clean-up some
+        # libraries do), leaves its pid in ``marker`` and sleeps ``data`` seconds: nothing in
+        # the group reads the renewals any more (docs/isolation.md, "runs unfenced").
+        me = os.getpid()
+        with open(f"/proc/{me}/task/{me}/children") as children:
+            for child in children.read().split():
+                os.kill(int(child), signal.SIGKILL)
+                os.waitpid(int(child), 0)
+        with open(job.marker + ".tmp", "w") as pid_file:
+            pid_file.write(str(me))
+        os.replace(job.marker + ".tmp", job.marker)
+        time.sleep(float(job.data))
     elif job.mode == "sleep":
         if job.marker:  # a file that says the request reached the task's process
             with open(job.marker, "w"):

@@ -327,7 +327,11 @@ class ProcessExecutor:
 
         def renew() -> None:  # on the socket: a broken pipe must not close the stream, unread
             if writer.transport.get_write_buffer_size() == 0:  # behind the whole request
-                ours.send(RENEWAL, socket.MSG_DONTWAIT)  # OSError: gone, or not reading
+                # Full: nothing in the group reads (its watchdog stopped, or killed by the
+                # handler: unfenced). This worker renewed all the same, as when the stream
+                # queued it: its own side of the lease must not lapse. Other OSError: gone.
+                with contextlib.suppress(BlockingIOError):
+                    ours.send(RENEWAL, socket.MSG_DONTWAIT)
 
         try:
             writer.write(encode_frame(self._request(request).to_json()))
