@@ -320,18 +320,14 @@ class ProcessExecutor:
     ) -> Conclusion | None:
         """Send the request, relay progress and logs; the outcome, or ``None`` without one.
 
-        Raises:
-            ChannelError: the child sent a message that breaks the channel's rules.
+        Raises ``ChannelError`` when the child sends a message that breaks the channel's rules.
         """
         sink = progress_sink_of(request.context)
 
         def renew() -> None:  # on the socket: a broken pipe must not close the stream, unread
-            if writer.transport.get_write_buffer_size() == 0:  # behind the whole request
-                # Full: nothing in the group reads (its watchdog stopped, or killed by the
-                # handler: unfenced). This worker renewed all the same, as when the stream
-                # queued it: its own side of the lease must not lapse. Other OSError: gone.
-                with contextlib.suppress(BlockingIOError):
-                    ours.send(RENEWAL, socket.MSG_DONTWAIT)
+            with contextlib.suppress(BlockingIOError):  # full: no reader (unfenced), yet renewed
+                if writer.transport.get_write_buffer_size() == 0:  # behind the whole request
+                    ours.send(RENEWAL, socket.MSG_DONTWAIT)  # other OSError: the group is gone
 
         try:
             writer.write(encode_frame(self._request(request).to_json()))

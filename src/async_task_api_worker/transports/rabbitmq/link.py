@@ -312,7 +312,7 @@ class BrokerLink:
                 # Resumed from a freeze, the loop runs due timers before it reads its sockets:
                 # the frames that came meanwhile count, read before a second look.
                 await asyncio.sleep(SECOND_LOOK_S)
-                if (silence := self.silence_s() or 0.0) <= dead_after_s:
+                if (silence := self.silence_s() or 0.0) <= dead_after_s or self._closing:
                     continue
                 _logger.warning(
                     "No frame from the broker at %s for %.1f s (heartbeat %g s): the "
