@@ -129,6 +129,14 @@ class Unheld(InMemoryTransport):
         return self.held
 
 
+def two_second_lease(transport: InMemoryTransport) -> tuple[Settlements, Runner]:
+    """A runner of ``isolated`` on ``transport``, its lease expiring after 2 s (heartbeat 1 s)."""
+    settings = load_settings({"broker_heartbeat_s": 1}, read_environment=False)
+    assert lease_expiry_s(settings) == 2.0
+    observed = Settlements()
+    return observed, Runner(isolated, settings, transport, observers=[observed])
+
+
 def assert_fenced_then_run_again(transport: InMemoryTransport, observed: Settlements) -> None:
     """The fenced run reported nothing (no ``WORKER_CRASHED``) and was given back uncounted;
     the next run reported the one terminal report."""
@@ -145,10 +153,8 @@ def assert_fenced_then_run_again(transport: InMemoryTransport, observed: Settlem
 
 async def test_a_frozen_worker_reports_nothing_for_its_fenced_task(tmp_path: Path) -> None:
     first_run = tmp_path / "first-run"
-    settings = load_settings({"broker_heartbeat_s": 1}, read_environment=False)
-    assert lease_expiry_s(settings) == 2.0
-    transport, observed = InMemoryTransport(), Settlements()
-    runner = Runner(isolated, settings, transport, observers=[observed])
+    transport = InMemoryTransport()
+    observed, runner = two_second_lease(transport)
     serving = asyncio.create_task(runner.serve())
     try:
         body = {"mode": "once", "marker": str(first_run), "data": 60}
@@ -168,9 +174,8 @@ async def test_a_worker_that_does_not_hold_its_deliveries_stops_renewing(
     tmp_path: Path,
 ) -> None:
     first_run = tmp_path / "first-run"
-    settings = load_settings({"broker_heartbeat_s": 1}, read_environment=False)
-    transport, observed = Unheld(), Settlements()
-    runner = Runner(isolated, settings, transport, observers=[observed])
+    transport = Unheld()
+    observed, runner = two_second_lease(transport)
     serving = asyncio.create_task(runner.serve())
     try:
         body = {"mode": "once", "marker": str(first_run), "data": 60}

@@ -16,15 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from async_task_api_worker.broker_rules import lease_expiry_s
 from async_task_api_worker.ports import Outcome
-from async_task_api_worker.runtime import Runner
-from async_task_api_worker.settings import load_settings
 from async_task_api_worker.transports.memory import InMemoryTransport
 from tests.polling import until
-from tests.unit.process.test_lease import Settlements
+from tests.unit.process.test_lease import two_second_lease
 from tests.unit.process.test_process_executor import task_body
-from tests.unit.process.workers import isolated
 
 #: The socket's send buffer (the kernel's least): a few renewals fill it.
 SNDBUF = 1024
@@ -45,10 +41,8 @@ async def test_renewals_that_fill_an_unread_channel_do_not_lapse_a_held_lease(
 
     monkeypatch.setattr(socket, "socketpair", small_buffers)
     marker = tmp_path / "unfenced"
-    settings = load_settings({"broker_heartbeat_s": 1}, read_environment=False)
-    assert lease_expiry_s(settings) == 2.0
-    transport, observed = InMemoryTransport(), Settlements()
-    runner = Runner(isolated, settings, transport, observers=[observed])
+    transport = InMemoryTransport()
+    observed, runner = two_second_lease(transport)
     serving = asyncio.create_task(runner.serve())
     try:
         transport.put(
