@@ -104,6 +104,8 @@ class Ledger:
     arrivals: list[tuple[float, str, str]] = field(default_factory=list)
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
     _reading: asyncio.Event = field(default_factory=asyncio.Event)
+    #: The reader's own end (see ``steady_stream``: a cancel can be lost in a failed close).
+    _ending: asyncio.Event = field(default_factory=asyncio.Event)
 
     def add(self, body: bytes, message_id: str | None) -> None:
         """Record one report; the same report published again (its message id and its bytes:
@@ -139,11 +141,13 @@ class Ledger:
         """
         urls = [url] if isinstance(url, str) else list(url)
         self._reading.clear()
+        self._ending.clear()
         reading = asyncio.create_task(self._read_from(urls, queue))
         try:
             await self._reading.wait()
             yield
         finally:
+            self._ending.set()
             reading.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await reading
@@ -155,6 +159,8 @@ class Ledger:
             self._changed.set()
 
         for url in itertools.cycle(urls):
+            if self._ending.is_set():
+                return
             with contextlib.suppress(Exception):
                 connection = await asyncio.wait_for(aio_pika.connect(url), CONNECT_TIMEOUT_S)
                 async with connection:
@@ -163,7 +169,7 @@ class Ledger:
                     out = await channel.declare_queue(queue, durable=True)
                     await out.consume(on_message)
                     self._reading.set()
-                    while not channel.is_closed:
+                    while not channel.is_closed and not self._ending.is_set():
                         await asyncio.sleep(0.1)
             await asyncio.sleep(0.2)
 

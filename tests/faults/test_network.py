@@ -96,14 +96,19 @@ async def steady_stream(
     confirmed. When a node goes, the next of ``urls`` is used (a publish is given up after
     ``CONNECT_TIMEOUT_S``: its task counts only if it was confirmed)."""
     published: list[tuple[float, str]] = []
+    # The loop's own end: a cancel can be lost when closing a connection then fails (the
+    # failure replaces the CancelledError, and is suppressed below): it published on for good.
+    ending = asyncio.Event()
 
     async def publish() -> None:
         for url in itertools.cycle(urls):
+            if ending.is_set():
+                return
             with contextlib.suppress(Exception):
                 connection = await asyncio.wait_for(aio_pika.connect(url), CONNECT_TIMEOUT_S)
                 async with connection:
                     channel = await connection.channel(publisher_confirms=True)
-                    while True:
+                    while not ending.is_set():
                         task_id, body = build_envelope({"seconds": 0.0}, service="steady")
                         message = aio_pika.Message(
                             body, delivery_mode=aio_pika.DeliveryMode.PERSISTENT
@@ -120,6 +125,7 @@ async def steady_stream(
     try:
         yield published
     finally:
+        ending.set()
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
