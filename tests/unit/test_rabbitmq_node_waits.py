@@ -25,11 +25,18 @@ from tests.ports import node_port
 # With a file `slow`, the server runs without writing its pid file (a boot not that far yet).
 SERVER = (
     '#!/bin/sh\n[ -e "$(dirname "$0")/slow" ] && exec "$(dirname "$0")/beam.smp" 600\n'
-    'echo $$ > "$RABBITMQ_PID_FILE"\nexec "$(dirname "$0")/beam.smp" 600\n'
+    'echo $$ > "$RABBITMQ_PID_FILE"\necho $$ > "$(dirname "$0")/booted"\n'
+    'exec "$(dirname "$0")/beam.smp" 600\n'
 )
 # $1 -n, $2 the node, $3 the command: hang on the commands the file `hang` names.
 # The real script runs its VM as a child (no exec), so the VM outlives a kill of the script alone.
-CTL = '#!/bin/sh\ngrep -qx "$3" "$(dirname "$0")/hang" && "$(dirname "$0")/cli-vm" 600\nexit 0\n'
+# await_startup answers 0 only once the server runs as beam.smp, as the real one does.
+CTL = (
+    '#!/bin/sh\ngrep -qx "$3" "$(dirname "$0")/hang" && "$(dirname "$0")/cli-vm" 600\n'
+    '[ "$3" = await_startup ] || exit 0\n'
+    'pid=$(cat "$(dirname "$0")/booted" 2>/dev/null) || exit 1\n'
+    '[ "$(cat /proc/"$pid"/comm 2>/dev/null)" = beam.smp ]\n'
+)
 
 
 @pytest.fixture
